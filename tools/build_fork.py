@@ -1,0 +1,340 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Assemble the fork: pinned upstream vLLM + ``patches/`` + our ``vllm/``.
+
+The result is a package tree in ``build/tree-<target>/vllm`` that
+``setup.py`` turns into a distribution named ``vllm``:
+
+* ``cpu``: the Python tree of the upstream sdist, with ``_C`` compiled here
+  from the sdist's ``csrc/cpu`` (cached, keyed by upstream version, compiler,
+  Python and torch, so a second build does not recompile);
+* ``cuda``: the official wheel, whose compiled kernels are kept as they are.
+
+Then every patch in ``patches/series`` is applied with zero fuzz (the build
+fails naming the patch otherwise) and our modules are added as symlinks, so
+in an editable install an edit takes effect without rebuilding (a wheel build
+copies their contents).
+
+Usage::
+
+    python tools/build_fork.py [--target cpu|cuda]
+    python tools/build_fork.py --check-patches
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build"
+PATCHES = ROOT / "patches"
+OUR_MODULES = ROOT / "vllm"
+
+UPSTREAM_VERSION = "0.9.2"
+# The one local-version label; platform detection looks for "cpu" in it.
+LOCAL_LABEL = "seqhook"
+# Pinned upstream artifacts: file name and sha256, per build target.
+UPSTREAM_ARTIFACTS = {
+    "cpu":
+    ("vllm-0.9.2.tar.gz",
+     "6b0d855ea8ba18d76364c9b82ea94bfcaa9c9e724055438b5733e4716ed104e1"),
+    "cuda":
+    ("vllm-0.9.2-cp38-abi3-manylinux1_x86_64.whl",
+     "f3c5da29a286f4933b480a5b4749fab226564f35c96928eeef547f88d385cd34"),
+}
+# The CUDA toolkit that PyPI torch's CMake config insists on finding, even
+# for a CPU-only extension (see docs/build.md); the image has one here.
+CUDA_HOME = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message says which and why."""
+
+
+def cache_dir() -> Path:
+    """Returns the per-user cache for downloads and compiled ``_C``."""
+    base = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
+    path = Path(base) / "vllm-seqhook"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def index_url() -> str:
+    """The package index pip is configured with (its default otherwise)."""
+    configured = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+        capture_output=True,
+        text=True).stdout.strip()
+    if configured:
+        return configured.rstrip("/")
+    from pip._internal.models.index import PyPI
+    return PyPI.simple_url.rstrip("/")
+
+
+def fetch_upstream(target: str) -> Path:
+    """Downloads the pinned upstream artifact once and checks its hash.
+
+    ``pip download`` cannot fetch the sdist (it builds its metadata, which
+    needs torch), so the file is resolved through the index's JSON API.
+    """
+    filename, sha256 = UPSTREAM_ARTIFACTS[target]
+    path = cache_dir() / "downloads" / filename
+    if path.exists() and sha256_of(path) == sha256:
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    request = urllib.request.Request(
+        f"{index_url()}/vllm/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        files = json.load(response)["files"]
+    urls = [f["url"] for f in files if f["filename"] == filename]
+    if not urls:
+        raise BuildError(f"{filename} is not on the package index")
+    print(f"downloading {filename}", flush=True)
+    partial = path.with_suffix(".part")
+    urllib.request.urlretrieve(urls[0], partial)
+    if sha256_of(partial) != sha256:
+        partial.unlink()
+        raise BuildError(f"{filename}: sha256 differs from the pinned one")
+    partial.rename(path)
+    return path
+
+
+def pristine_tree(target: str) -> Path:
+    """Returns the unpacked upstream source (sdist) or wheel, untouched."""
+    archive = fetch_upstream(target)
+    dest = BUILD / "upstream" / target
+    stamp = dest / ".sha256"
+    if stamp.exists() and stamp.read_text() == UPSTREAM_ARTIFACTS[target][1]:
+        return dest
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    if target == "cpu":
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, filter="data")
+        # The sdist unpacks into vllm-<version>/; flatten it.
+        inner = dest / f"vllm-{UPSTREAM_VERSION}"
+        for child in inner.iterdir():
+            child.rename(dest / child.name)
+        inner.rmdir()
+    else:
+        with zipfile.ZipFile(archive) as wheel:
+            wheel.extractall(dest)
+    stamp.write_text(UPSTREAM_ARTIFACTS[target][1])
+    return dest
+
+
+def compiler_id() -> str:
+    out = subprocess.run(["c++", "--version"],
+                         capture_output=True,
+                         text=True,
+                         check=True).stdout
+    return out.splitlines()[0]
+
+
+def compiled_c_extension(source: Path) -> Path:
+    """Returns ``_C.abi3.so`` built from the sdist's ``csrc/cpu``, cached.
+
+    vLLM's own setup.py does not forward CMake arguments, so CMake is
+    configured directly, with the two CUDA hints PyPI torch needs.
+    """
+    import torch
+    key_text = "|".join([
+        UPSTREAM_ARTIFACTS["cpu"][1],
+        compiler_id(), torch.__version__,
+        sys.version.split()[0], "avx2"
+    ])
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    cached = cache_dir() / "_C" / key / "_C.abi3.so"
+    if cached.exists():
+        return cached
+    nvrtc = (Path(torch.__file__).parent.parent / "nvidia" / "cuda_nvrtc" /
+             "lib" / "libnvrtc.so.12")
+    cmake_dir = BUILD / "cmake-cpu"
+    shutil.rmtree(cmake_dir, ignore_errors=True)
+    configure = [
+        "cmake", "-S",
+        str(source), "-B",
+        str(cmake_dir), "-G", "Ninja", "-DVLLM_TARGET_DEVICE=cpu",
+        f"-DVLLM_PYTHON_EXECUTABLE={sys.executable}",
+        "-DCMAKE_BUILD_TYPE=Release", f"-DCUDA_TOOLKIT_ROOT_DIR={CUDA_HOME}",
+        f"-Dnvtx3_dir={CUDA_HOME / 'include'}", f"-DCUDA_nvrtc_LIBRARY={nvrtc}"
+    ]
+    # CMake >= 3.26 and ninja come from the virtual environment. The AVX2
+    # path is built on every machine: it runs on AVX-512 ones too, and the
+    # AVX-512 path would download oneDNN, which is not reachable here.
+    env = dict(os.environ, VLLM_CPU_DISABLE_AVX512="true")
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    print(f"compiling _C (cache key {key}; takes minutes once)", flush=True)
+    for command in (configure,
+                    ["cmake", "--build",
+                     str(cmake_dir), "--target", "_C"]):
+        if subprocess.run(command, env=env).returncode != 0:
+            raise BuildError(f"compiling _C failed: {' '.join(command)}")
+    built = next(cmake_dir.rglob("_C.abi3.so"), None)
+    if built is None:
+        raise BuildError(f"no _C.abi3.so under {cmake_dir}")
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(built, cached)
+    return cached
+
+
+def series() -> list[Path]:
+    """The patches, in the order ``patches/series`` lists them."""
+    names = [
+        line.split("#")[0].strip()
+        for line in (PATCHES / "series").read_text().splitlines()
+    ]
+    return [PATCHES / name for name in names if name]
+
+
+def apply_patches(tree: Path) -> None:
+    """Applies the series to ``tree`` with zero fuzz, or fails naming it."""
+    for patch in series():
+        command = [
+            "patch", "-p1", "--fuzz=0", "--forward", "--batch",
+            "--no-backup-if-mismatch", "-d",
+            str(tree), "-i",
+            str(patch)
+        ]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0 or "offset" in result.stdout:
+            raise BuildError(f"patch {patch.name} does not apply cleanly "
+                             f"to upstream {UPSTREAM_VERSION}:\n"
+                             f"{result.stdout}{result.stderr}")
+
+
+def tree_for(target: str) -> Path:
+    """The assembled tree of ``target``; ``setup.py`` packages it."""
+    return BUILD / f"tree-{target}"
+
+
+def add_our_modules(package: Path) -> None:
+    """Adds every file of our ``vllm/`` to the assembled package.
+
+    Upstream files are never replaced wholesale: a change to one is a patch.
+    """
+    for ours in sorted(OUR_MODULES.rglob("*")):
+        if ours.is_dir() or "__pycache__" in ours.parts:
+            continue
+        dest = package / ours.relative_to(OUR_MODULES)
+        if dest.exists() or dest.is_symlink():
+            raise BuildError(
+                f"{ours.relative_to(OUR_MODULES)} would replace an "
+                "replace an upstream file; change it with a patch instead")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.symlink_to(ours)
+
+
+def version_for(target: str) -> str:
+    device = "cpu" if target == "cpu" else "cu128"
+    return f"{UPSTREAM_VERSION}+{LOCAL_LABEL}.{device}"
+
+
+def inputs_digest(target: str) -> str:
+    """Hashes what the assembled tree depends on besides upstream itself.
+
+    Our modules count by name only: they are symlinked, so an edit to one
+    needs no rebuild, but a new or removed one does.
+    """
+    digest = hashlib.sha256(f"{target}|{version_for(target)}".encode())
+    for path in sorted(PATCHES.iterdir()) + [Path(__file__)]:
+        digest.update(path.name.encode() + path.read_bytes())
+    for ours in sorted(OUR_MODULES.rglob("*.py")):
+        digest.update(str(ours.relative_to(OUR_MODULES)).encode())
+    return digest.hexdigest()
+
+
+def is_fresh(target: str) -> bool:
+    """Whether ``tree_for(target)`` was assembled from the current inputs."""
+    info = tree_for(target) / "BUILD_INFO.json"
+    return (info.exists() and json.loads(info.read_text()).get("inputs")
+            == inputs_digest(target))
+
+
+def assemble(target: str) -> str:
+    """Builds ``tree_for(target)``; returns the version it carries."""
+    pristine = pristine_tree(target)
+    c_extension = compiled_c_extension(pristine) if target == "cpu" else None
+    tree = tree_for(target)
+    staging = tree.with_name(tree.name + ".new")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    shutil.copytree(pristine / "vllm",
+                    staging / "vllm",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    apply_patches(staging)
+    package = staging / "vllm"
+    add_our_modules(package)
+    if c_extension is not None:
+        shutil.copy2(c_extension, package / "_C.abi3.so")
+    version = version_for(target)
+    (package / "_version.py").write_text(
+        "# Written by tools/build_fork.py.\n"
+        f"__version__ = version = {version!r}\n"
+        f"__version_tuple__ = version_tuple = {tuple(version.split('.'))!r}\n")
+    (staging / "BUILD_INFO.json").write_text(
+        json.dumps(
+            {
+                "target": target,
+                "version": version,
+                "inputs": inputs_digest(target),
+            },
+            indent=2))
+    # Swap in one step so a failed build leaves the previous tree working.
+    shutil.rmtree(tree, ignore_errors=True)
+    staging.rename(tree)
+    return version
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--check-patches",
+                        action="store_true",
+                        help="only check that the series applies with zero "
+                        "fuzz to pristine upstream")
+    parser.add_argument("--if-stale",
+                        action="store_true",
+                        help="do nothing if the tree is up to date")
+    args = parser.parse_args(argv)
+    if args.if_stale and is_fresh(args.target):
+        return 0
+    try:
+        if args.check_patches:
+            scratch = BUILD / "patch-check"
+            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.copytree(pristine_tree(args.target) / "vllm",
+                            scratch / "vllm",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            apply_patches(scratch)
+            shutil.rmtree(scratch)
+            print(f"{len(series())} patches apply with zero fuzz")
+            return 0
+        version = assemble(args.target)
+    except BuildError as e:
+        print(f"build_fork: {e}", file=sys.stderr)
+        return 1
+    print(f"assembled vllm {version} in "
+          f"{tree_for(args.target).relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
