@@ -236,8 +236,8 @@ def add_our_modules(package: Path) -> None:
         dest = package / ours.relative_to(OUR_MODULES)
         if dest.exists() or dest.is_symlink():
             raise BuildError(
-                f"{ours.relative_to(OUR_MODULES)} would replace an "
-                "replace an upstream file; change it with a patch instead")
+                f"vllm/{ours.relative_to(OUR_MODULES)} would replace an "
+                "upstream file; change it with a patch instead")
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.symlink_to(ours)
 
