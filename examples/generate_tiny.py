@@ -34,7 +34,10 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as folder:
         model = build_tiny_model(Path(folder))
-        llm = LLM(model=str(model), max_model_len=256, enforce_eager=True)
+        llm = LLM(model=str(model),
+                  max_model_len=256,
+                  enforce_eager=True,
+                  dtype="float32")
         outputs = llm.generate(
             prompts,
             SamplingParams(temperature=0.0,

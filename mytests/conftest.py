@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Fixtures shared by the fork's tests: the V0 engine and the tiny model."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tiny_model import build_tiny_model
+from tiny_model import CHILD, PROMISE, SYNC, build_tiny_model, build_tokenizer
 
 # Small KV cache (GiB) for the CPU engine; the tiny model needs little.
 KV_CACHE_GIB = "1"
@@ -36,4 +37,49 @@ def plain_llm(tiny_model_path):
     return LLM(model=str(tiny_model_path),
                max_model_len=256,
                enforce_eager=True,
+               dtype="float32",
                seed=0)
+
+
+@dataclass(frozen=True)
+class HookIds:
+    """Token ids of the tiny tokenizer that the hook tests use."""
+    # `<sync>`: join the children.
+    sync: int
+    # `<promise>`: spawn a child.
+    promise: int
+    # `<child>`: the role marker.
+    child: int
+    # End of sequence.
+    eos: int
+
+
+@pytest.fixture(scope="session")
+def hook_ids() -> HookIds:
+    tokenizer = build_tokenizer()
+    return HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
+                   tokenizer.eos_token_id)
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_path(tmp_path_factory) -> Path:
+    """The tiny tokenizer alone, for tests that run no model."""
+    path = tmp_path_factory.mktemp("tiny-tokenizer")
+    build_tokenizer().save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def hooked_llm(tiny_model_path, hook_ids):
+    """One V0 engine with sequence hooks (and the role marker) a session."""
+    from vllm import LLM
+    from vllm.config import SpecialKwargs
+    return LLM(model=str(tiny_model_path),
+               max_model_len=256,
+               enforce_eager=True,
+               dtype="float32",
+               seed=0,
+               special_kwargs=SpecialKwargs(
+                   sync_token_id=hook_ids.sync,
+                   promise_token_id=hook_ids.promise,
+                   child_role_token_id=hook_ids.child))

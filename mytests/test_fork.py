@@ -21,6 +21,7 @@ def test_cpu_platform_is_detected():
 
 def test_compiled_extension_loads():
     import torch
+
     import vllm._C  # noqa: F401
 
     # The op the CPU worker's thread binding calls.

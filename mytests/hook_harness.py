@@ -1,0 +1,154 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Drives the real scheduler and hook processor step by step, no model.
+
+`HookHarness` wires a real `SequenceHookScheduler` (real block manager),
+the output processor the real factory picks, a real detokenizer over the
+tiny tokenizer and a real stop checker, then plays the engine's part of a
+step: schedule, count the computed tokens, hand each sampled token (chosen
+by the test) to the processor, free finished groups, forget finished ids.
+"""
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from vllm.config import CacheConfig, SchedulerConfig, SpecialKwargs
+from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
+from vllm.engine.output_processor.interfaces import (
+    SequenceGroupOutputProcessor)
+from vllm.engine.output_processor.stop_checker import StopChecker
+from vllm.inputs import token_inputs
+from vllm.sampling_params import SamplingParams
+from vllm.sequence import (CompletionSequenceGroupOutput, Logprob, Sequence,
+                           SequenceGroup, SequenceGroupBase, SequenceOutput)
+from vllm.transformers_utils.detokenizer import Detokenizer
+from vllm.transformers_utils.tokenizer_group import TokenizerGroup
+from vllm.utils import Counter
+
+
+@dataclass
+class Scheduled:
+    """One group's part of a step, as the scheduler handed it out."""
+    # The group's request id.
+    request_id: str
+    # Tokens computed for it this step.
+    num_tokens: int
+    # Whether it ran as a prefill (chunk).
+    is_prompt: bool
+
+
+class HookHarness:
+    """A model-free engine loop around the real hook machinery.
+
+    Args:
+        tokenizer_path: Folder of the tiny tokenizer.
+        special_kwargs: The hooks configuration.
+        block_size: KV block size in tokens.
+        num_gpu_blocks: KV blocks in the pool.
+        max_model_len: Longest sequence.
+    """
+
+    def __init__(self,
+                 tokenizer_path: Path,
+                 special_kwargs: SpecialKwargs,
+                 block_size: int = 4,
+                 num_gpu_blocks: int = 64,
+                 max_model_len: int = 128):
+        scheduler_config = SchedulerConfig("generate",
+                                           max_num_batched_tokens=256,
+                                           max_num_seqs=32,
+                                           max_model_len=max_model_len,
+                                           enable_chunked_prefill=True)
+        cache_config = CacheConfig(block_size, 1.0, 1, "auto")
+        cache_config.num_cpu_blocks = 8
+        cache_config.num_gpu_blocks = num_gpu_blocks
+        self.scheduler = SequenceHookScheduler(scheduler_config, cache_config,
+                                               None)
+        tokenizer_group = TokenizerGroup(str(tokenizer_path),
+                                         enable_lora=False,
+                                         max_num_seqs=32,
+                                         max_input_length=None)
+        self.tokenizer = tokenizer_group.tokenizer
+        self.seq_id_to_seq_group: dict[str, SequenceGroupBase] = {}
+        self.seq_counter = Counter()
+        self.processor = SequenceGroupOutputProcessor.create_output_processor(
+            scheduler_config,
+            Detokenizer(tokenizer_group), [self.scheduler],
+            self.seq_counter,
+            lambda seq: self.tokenizer,
+            StopChecker(max_model_len, lambda seq: self.tokenizer),
+            special_kwargs=special_kwargs,
+            seq_id_to_seq_group=self.seq_id_to_seq_group)
+        self.block_size = block_size
+        # The scheduler's outputs of the latest step.
+        self.last_outputs = None
+
+    def add(self, request_id: str, prompt: str,
+            params: SamplingParams) -> SequenceGroup:
+        """Adds a request, as `LLMEngine.add_request` would."""
+        prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        seq = Sequence(next(self.seq_counter),
+                       token_inputs(prompt_token_ids=prompt_ids,
+                                    prompt=prompt),
+                       self.block_size,
+                       eos_token_id=self.tokenizer.eos_token_id)
+        group = SequenceGroup(request_id, [seq], time.time(), params)
+        self.scheduler.add_seq_group(group)
+        return group
+
+    def step(self,
+             sampled: Optional[dict[str, int]] = None,
+             default_token: Optional[int] = None) -> list[Scheduled]:
+        """Runs one engine step.
+
+        Args:
+            sampled: Token each request id samples this step; others sample
+                ``default_token`` (the id of "the" if None).
+            default_token: Token for requests not in ``sampled``.
+
+        Returns:
+            What the scheduler handed out this step, in its order.
+        """
+        sampled = sampled or {}
+        if default_token is None:
+            default_token = self.tokenizer.convert_tokens_to_ids("the")
+        for request_id in self.scheduler.get_and_reset_finished_requests_ids():
+            self.seq_id_to_seq_group.pop(request_id, None)
+        metadata_list, outputs, _ = self.scheduler.schedule()
+        self.last_outputs = outputs
+        scheduled = []
+        for metadata, item in zip(metadata_list, outputs.scheduled_seq_groups):
+            group = item.seq_group
+            if group.is_finished():
+                # Aborted earlier in this step, as the engine skips it.
+                continue
+            scheduled.append(
+                Scheduled(group.request_id, item.token_chunk_size,
+                          metadata.is_prompt))
+            group.update_num_computed_tokens(item.token_chunk_size)
+            if not metadata.do_sample:
+                continue
+            token = sampled.get(group.request_id, default_token)
+            sample = SequenceOutput(group.first_seq.seq_id, token,
+                                    {token: Logprob(0.0)})
+            self.processor.process_outputs(
+                group, [CompletionSequenceGroupOutput([sample], None)],
+                is_async=False)
+        self.scheduler.free_finished_seq_groups()
+        return scheduled
+
+    def free_blocks(self) -> int:
+        return self.scheduler.block_manager.get_num_free_gpu_blocks()
+
+    def block_ids(self, group: SequenceGroup) -> list[int]:
+        """The KV block ids of the group's sequence."""
+        return self.scheduler.block_manager.get_block_table(group.first_seq)
+
+    def live_group(self, request_id: str) -> SequenceGroup:
+        """A live group by request id, child or not."""
+        for queue in (self.scheduler.running, self.scheduler.waiting):
+            for group in queue:
+                if group.request_id == request_id:
+                    return group
+        return self.scheduler.blocked[request_id]

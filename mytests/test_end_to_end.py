@@ -1,0 +1,186 @@
+# SPDX-License-Identifier: Apache-2.0
+"""End-to-end: scripted promise/sync programs on the real hooked engine.
+
+Each program is forced through a per-request logits processor; the
+results are compared token for token with the hook-free reference built on
+a plain engine (the equivalence oracle), and every test checks that the
+engine is left clean: all KV blocks free, no parked group, no registered
+child.
+"""
+
+import pytest
+from oracle import reference, scripted
+
+from vllm import SamplingParams
+
+NONE = None
+PROMPTS = [
+    "the cat sees", "one two three", "big red dog", "a small bird",
+    "the sun and the moon", "old tree", "five fish", "green star"
+]
+
+
+def programs(ids):
+    """Named programs: plans per role path (see ScriptedHooks)."""
+    P, S = ids.promise, ids.sync
+    return {
+        "one promise": {
+            (): [NONE, P, NONE, NONE, S, NONE, NONE],
+            (0, ): [NONE] * 4,
+        },
+        "several promises": {
+            (): [NONE, P, P, NONE, P, S, NONE],
+            (0, ): [NONE] * 3,
+            (1, ): [NONE] * 6,
+            (2, ): [NONE],
+        },
+        "nested": {
+            (): [NONE, P, NONE, S, NONE],
+            (0, ): [NONE, P, NONE, P, S, NONE],
+            (0, 0): [NONE] * 3,
+            (0, 1): [NONE] * 2,
+        },
+        "sync before the child finishes": {
+            (): [P, S, NONE],
+            (0, ): [NONE] * 10,
+        },
+        "sync after the child finished": {
+            (): [P] + [NONE] * 8 + [S, NONE],
+            (0, ): [NONE],
+        },
+        "two rounds": {
+            (): [P, NONE, S, NONE, P, P, S, NONE],
+            (0, ): [NONE] * 2,
+            (1, ): [NONE] * 3,
+            (2, ): [NONE] * 1,
+        },
+        "sync without children": {
+            (): [NONE, S, NONE, NONE],
+        },
+    }
+
+
+def assert_engine_clean(llm):
+    engine = llm.llm_engine
+    scheduler = engine.scheduler[0]
+    block_manager = scheduler.block_manager
+    assert not engine.has_unfinished_requests()
+    assert not scheduler.blocked
+    assert engine.seq_id_to_seq_group == {}
+    assert (block_manager.get_num_free_gpu_blocks() ==
+            block_manager.num_total_gpu_blocks)
+
+
+def assert_tree_matches(node, expected):
+    assert len(node.children) == len(expected.children)
+    for child, expected_child in zip(node.children, expected.children):
+        assert child.token_ids == expected_child.token_ids
+        assert child.finish_reason == "stop"
+        assert_tree_matches(child, expected_child)
+
+
+def run_hooked(llm, ids, prompts, plan_list, max_tokens=64):
+    params = [
+        SamplingParams(temperature=0.0,
+                       max_tokens=max_tokens,
+                       logits_processors=[scripted(plans, ids)])
+        for plans in plan_list
+    ]
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+@pytest.mark.parametrize("name", [
+    "one promise", "several promises", "nested",
+    "sync before the child finishes", "sync after the child finished",
+    "two rounds", "sync without children"
+])
+def test_program_matches_the_hook_free_reference(hooked_llm, plain_llm,
+                                                 hook_ids, name):
+    plans = programs(hook_ids)[name]
+    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
+    expected = reference(plain_llm, hook_ids, plans, output.prompt_token_ids)
+    completion = output.outputs[0]
+    assert list(completion.token_ids) == expected.token_ids
+    assert completion.finish_reason == "stop"
+    if expected.children:
+        assert_tree_matches(output.promise_tree, expected)
+        # The parent's text carries the merged children's texts.
+        for child in output.promise_tree.children:
+            assert child.text.strip() in completion.text
+    else:
+        assert output.promise_tree is None
+    assert_engine_clean(hooked_llm)
+
+
+def test_many_requests_at_once(hooked_llm, plain_llm, hook_ids):
+    named = list(programs(hook_ids).values())
+    plan_list = [named[i % len(named)] for i in range(len(PROMPTS))]
+    outputs = run_hooked(hooked_llm, hook_ids, PROMPTS, plan_list)
+    assert [o.prompt for o in outputs] == PROMPTS
+    for output, plans in zip(outputs, plan_list):
+        expected = reference(plain_llm, hook_ids, plans,
+                             output.prompt_token_ids)
+        assert list(output.outputs[0].token_ids) == expected.token_ids
+    assert_engine_clean(hooked_llm)
+
+
+def test_parent_eos_aborts_live_children(hooked_llm, plain_llm, hook_ids):
+    plans = {(): [NONE, hook_ids.promise, NONE], (0, ): [NONE] * 30}
+    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
+    expected = reference(plain_llm, hook_ids, {(): plans[()]},
+                         output.prompt_token_ids)
+    assert list(output.outputs[0].token_ids) == expected.token_ids
+    [child] = output.promise_tree.children
+    assert child.finish_reason == "abort"
+    assert_engine_clean(hooked_llm)
+
+
+def test_aborting_a_request_aborts_its_tree(hooked_llm, hook_ids):
+    engine = hooked_llm.llm_engine
+    plans = {(): [hook_ids.promise, hook_ids.sync], (0, ): [NONE] * 40}
+    params = SamplingParams(temperature=0.0,
+                            max_tokens=64,
+                            logits_processors=[scripted(plans, hook_ids)])
+    engine.add_request("abort-me", {"prompt_token_ids": [7, 8, 9]}, params)
+    for _ in range(5):
+        engine.step()
+    scheduler = engine.scheduler[0]
+    assert "abort-me" in scheduler.blocked
+    assert len(engine.seq_id_to_seq_group) == 1
+    engine.abort_request("abort-me")
+    engine.step()
+    assert_engine_clean(hooked_llm)
+
+
+def test_scheduled_tokens_for_child_start_and_parent_resume(
+        hooked_llm, hook_ids, monkeypatch):
+    scheduler = hooked_llm.llm_engine.scheduler[0]
+    schedule = scheduler.schedule
+    steps = []
+
+    def recording_schedule():
+        metadata, outputs, allow_async = schedule()
+        steps.append([(m.request_id, g.token_chunk_size, m.is_prompt)
+                      for m, g in zip(metadata, outputs.scheduled_seq_groups)])
+        return metadata, outputs, allow_async
+
+    monkeypatch.setattr(scheduler, "schedule", recording_schedule)
+    plans = programs(hook_ids)["sync before the child finishes"]
+    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
+    root_id = output.request_id
+    [child] = output.promise_tree.children
+    child_chunks = [(n, p) for step in steps for rid, n, p in step
+                    if rid == child.request_id]
+    root_chunks = [(n, p) for step in steps for rid, n, p in step
+                   if rid == root_id]
+    # The child computes only <promise> and its role marker, then decodes.
+    assert child_chunks[0] == (2, True)
+    assert all(chunk == (1, False) for chunk in child_chunks[1:])
+    # The parent: its prompt, one decode (<promise>), then, after waiting,
+    # exactly <sync> plus the merged tokens, then decodes.
+    merged = output.promise_tree.num_merged_tokens
+    assert merged > 0
+    assert root_chunks[:3] == [(len(output.prompt_token_ids), True),
+                               (1, False), (1 + merged, True)]
+    assert all(chunk == (1, False) for chunk in root_chunks[3:])
+    assert_engine_clean(hooked_llm)

@@ -1,0 +1,294 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Surgical tests of the hook processor on the real scheduler, no model.
+
+Each test plays engine steps through `HookHarness`, choosing the sampled
+tokens, and checks the scheduler's queues, the block tables, the sequences'
+tokens and stages, and the promise tree.
+"""
+
+import pytest
+from hook_harness import HookHarness
+
+from vllm.config import SpecialKwargs
+from vllm.sampling_params import SamplingParams
+from vllm.sequence import SequenceStage, SequenceStatus
+
+PROMPT = "the cat sees the dog"
+
+
+def make_harness(path, ids, **limits) -> HookHarness:
+    return HookHarness(
+        path,
+        SpecialKwargs(sync_token_id=ids.sync,
+                      promise_token_id=ids.promise,
+                      **limits))
+
+
+@pytest.fixture
+def harness(tiny_tokenizer_path, hook_ids):
+    return make_harness(tiny_tokenizer_path, hook_ids)
+
+
+def word(harness, text: str) -> int:
+    return harness.tokenizer.convert_tokens_to_ids(text)
+
+
+def start(harness, request_id="0", max_tokens=32):
+    """Adds a request and runs its prefill; it samples "the"."""
+    group = harness.add(request_id, PROMPT,
+                        SamplingParams(temperature=0.0, max_tokens=max_tokens))
+    harness.step()
+    return group
+
+
+def children_of(group):
+    return group.promise_tree.root.children
+
+
+def test_promise_spawns_a_child_sharing_the_parents_blocks(harness, hook_ids):
+    free_before = harness.free_blocks()
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+
+    [child_node] = children_of(parent)
+    child = harness.live_group(child_node.request_id)
+    assert child is not parent
+    assert child.first_seq.get_token_ids() == parent.first_seq.get_token_ids()
+    assert child.first_seq.get_last_token_id() == hook_ids.promise
+    # Forked block table: the same physical blocks, nothing allocated.
+    assert harness.block_ids(child) == harness.block_ids(parent)
+    assert harness.free_blocks() == free_before - len(
+        harness.block_ids(parent))
+    # Registered so that aborting request "0" reaches it.
+    assert harness.seq_id_to_seq_group[child.request_id].group_id == "0"
+    assert child_node.fork_output_len == parent.first_seq.get_output_len()
+
+    # Both compute only the <promise> token; the shared, partly filled last
+    # block is copied on write.
+    scheduled = harness.step()
+    assert {(s.request_id, s.num_tokens, s.is_prompt)
+            for s in scheduled} == {("0", 1, False),
+                                    (child.request_id, 1, False)}
+    assert harness.last_outputs.blocks_to_copy
+    parent_blocks, child_blocks = (harness.block_ids(parent),
+                                   harness.block_ids(child))
+    assert parent_blocks[:-1] == child_blocks[:-1]
+    assert parent_blocks[-1] != child_blocks[-1]
+
+
+def test_child_budget_counts_from_its_fork_point(harness, hook_ids):
+    parent = start(harness, max_tokens=10)
+    harness.step({"0": hook_ids.promise})
+    child = harness.live_group(children_of(parent)[0].request_id)
+    fork_len = parent.first_seq.get_output_len()
+    assert child.sampling_params.max_tokens == 10 + fork_len
+    assert parent.sampling_params.max_tokens == 10
+
+
+def test_sync_parks_the_parent_until_its_child_finishes(harness, hook_ids):
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    child_id = children_of(parent)[0].request_id
+    harness.step({"0": hook_ids.sync})
+
+    assert parent.first_seq.status == SequenceStatus.BLOCKED
+    assert not parent.is_finished()
+    assert harness.scheduler.blocked == {"0": parent}
+    assert parent not in harness.scheduler.running
+    blocks = harness.block_ids(parent)
+
+    cat = word(harness, "cat")
+    scheduled = harness.step({child_id: cat})
+    assert [s.request_id for s in scheduled] == [child_id]
+    assert harness.block_ids(parent) == blocks
+
+    harness.step({child_id: hook_ids.eos})
+    child_node = children_of(parent)[0]
+    assert child_node.finish_reason == "stop"
+    # The child sampled "the" (while its parent synced), "cat", EOS.
+    assert child_node.token_ids == [word(harness, "the"), cat, hook_ids.eos]
+    assert child_node.text.split() == ["the", "cat"]
+
+    # Merged and resumed: <sync> plus the merged tokens are uncomputed.
+    seq = parent.first_seq
+    assert seq.status == SequenceStatus.RUNNING
+    assert parent in harness.scheduler.running and not harness.scheduler.blocked
+    assert seq.get_output_token_ids()[-3:] == (hook_ids.sync,
+                                               word(harness, "the"), cat)
+    assert seq.data.get_num_uncomputed_tokens() == 3
+    assert seq.data.stage == SequenceStage.PREFILL
+    assert parent.promise_tree.root.num_merged_tokens == 2
+
+    scheduled = harness.step()
+    assert [(s.request_id, s.num_tokens, s.is_prompt)
+            for s in scheduled] == [("0", 3, True)]
+    assert seq.data.stage == SequenceStage.DECODE
+    assert [(s.num_tokens, s.is_prompt)
+            for s in harness.step()] == [(1, False)]
+
+
+def test_sync_after_children_finished_merges_at_once(harness, hook_ids):
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    child_id = children_of(parent)[0].request_id
+    harness.step({child_id: hook_ids.eos})
+    assert children_of(parent)[0].is_finished
+
+    harness.step({"0": hook_ids.sync})
+    seq = parent.first_seq
+    assert seq.status == SequenceStatus.RUNNING
+    assert not harness.scheduler.blocked
+    # The child sampled only EOS: an empty text merges as no tokens.
+    assert seq.get_last_token_id() == hook_ids.sync
+    assert [(s.num_tokens, s.is_prompt)
+            for s in harness.step()] == [(1, False)]
+
+
+def test_sync_without_children_is_an_ordinary_token(harness, hook_ids):
+    parent = start(harness)
+    harness.step({"0": hook_ids.sync})
+    assert parent.first_seq.status == SequenceStatus.RUNNING
+    assert parent.promise_tree is None
+    assert [(s.num_tokens, s.is_prompt)
+            for s in harness.step()] == [(1, False)]
+
+
+def test_children_merge_in_promise_order_with_the_separator(
+        tiny_tokenizer_path, hook_ids):
+    harness = HookHarness(
+        tiny_tokenizer_path,
+        SpecialKwargs(sync_token_id=hook_ids.sync,
+                      promise_token_id=hook_ids.promise,
+                      merge_separator=" and "))
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    first = children_of(parent)[0].request_id
+    harness.step({"0": hook_ids.promise})
+    second = children_of(parent)[1].request_id
+    # The second child finishes first; order still follows the promises.
+    cat, dog = word(harness, "cat"), word(harness, "dog")
+    harness.step({"0": hook_ids.sync, first: cat, second: dog})
+    harness.step({first: cat, second: hook_ids.eos})
+    assert parent.first_seq.status == SequenceStatus.BLOCKED
+    harness.step({first: hook_ids.eos})
+    seq = parent.first_seq
+    assert seq.status == SequenceStatus.RUNNING
+    merged = seq.get_output_token_ids()[-5:]
+    assert seq.get_output_token_ids()[-6] == hook_ids.sync
+    assert harness.tokenizer.decode(merged).split() == [
+        "the", "cat", "cat", "and", "dog"
+    ]
+
+
+def test_parent_finishing_aborts_its_live_children(harness, hook_ids):
+    free_before = harness.free_blocks()
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    harness.step()
+    [child_node] = children_of(parent)
+    child = harness.live_group(child_node.request_id)
+    harness.step({"0": hook_ids.promise})
+    second_node = children_of(parent)[1]
+
+    harness.step({"0": hook_ids.eos})
+    assert parent.is_finished()
+    assert child.first_seq.status == SequenceStatus.FINISHED_ABORTED
+    assert child_node.finish_reason == "abort"
+    assert second_node.finish_reason == "abort"
+    assert not harness.scheduler.running and not harness.scheduler.blocked
+    assert harness.free_blocks() == free_before
+    harness.step()
+    assert harness.seq_id_to_seq_group == {}
+
+
+def test_aborting_the_request_aborts_the_whole_tree(harness, hook_ids):
+    free_before = harness.free_blocks()
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    child_id = children_of(parent)[0].request_id
+    harness.step({"0": hook_ids.sync, child_id: hook_ids.promise})
+    grandchild_id = harness.live_group(
+        child_id).promise_tree.nodes[child_id].children[0].request_id
+    harness.step({child_id: hook_ids.sync})
+    assert set(harness.scheduler.blocked) == {"0", child_id}
+
+    harness.scheduler.abort_seq_group("0", harness.seq_id_to_seq_group)
+    assert not harness.scheduler.blocked and not harness.scheduler.running
+    assert parent.first_seq.status == SequenceStatus.FINISHED_ABORTED
+    assert harness.free_blocks() == free_before
+    assert set(harness.scheduler.get_and_reset_finished_requests_ids()) == {
+        "0", child_id, grandchild_id
+    }
+    assert not harness.scheduler.has_unfinished_seqs()
+
+
+def test_limits_refuse_promises_and_count_them(tiny_tokenizer_path, hook_ids):
+    harness = make_harness(tiny_tokenizer_path,
+                           hook_ids,
+                           max_children_per_sequence=2,
+                           max_children_per_request=3,
+                           max_depth=1)
+    parent = start(harness)
+    for _ in range(3):
+        harness.step({"0": hook_ids.promise})
+    tree = parent.promise_tree
+    assert len(tree.root.children) == 2 and tree.num_refused == 1
+    # Depth 1: children may not promise.
+    child_id = tree.root.children[0].request_id
+    harness.step({child_id: hook_ids.promise})
+    assert tree.nodes[child_id].children == [] and tree.num_refused == 2
+    assert tree.num_spawned == 2
+
+
+def test_request_wide_limit_spans_the_tree(tiny_tokenizer_path, hook_ids):
+    harness = make_harness(tiny_tokenizer_path,
+                           hook_ids,
+                           max_children_per_request=2)
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    child_id = children_of(parent)[0].request_id
+    harness.step({"0": hook_ids.promise, child_id: hook_ids.promise})
+    tree = parent.promise_tree
+    assert tree.num_spawned == 2 and tree.num_refused == 1
+
+
+def test_merge_is_cut_to_leave_room_within_max_tokens(harness, hook_ids):
+    parent = start(harness, max_tokens=6)
+    harness.step({"0": hook_ids.promise})
+    child_id = children_of(parent)[0].request_id
+    harness.step({"0": hook_ids.sync})
+    for _ in range(4):
+        harness.step({child_id: word(harness, "cat")})
+    harness.step({child_id: hook_ids.eos})
+    seq = parent.first_seq
+    # "the", <promise>, <sync> + 2 merged: one slot left to sample.
+    assert seq.get_output_len() == 5
+    assert children_of(parent)[0].text.split() == ["the"] + ["cat"] * 4
+    harness.step()
+    assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED
+    assert seq.get_output_len() == 6
+
+
+def test_role_marker_starts_every_child(tiny_tokenizer_path, hook_ids):
+    harness = make_harness(tiny_tokenizer_path,
+                           hook_ids,
+                           child_role_token_id=hook_ids.child)
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    child = harness.live_group(children_of(parent)[0].request_id)
+    assert child.first_seq.get_output_token_ids()[-2:] == (hook_ids.promise,
+                                                           hook_ids.child)
+    assert parent.first_seq.get_last_token_id() == hook_ids.promise
+    scheduled = {
+        s.request_id: (s.num_tokens, s.is_prompt)
+        for s in harness.step()
+    }
+    # The child computes <promise> and its marker in one chunk.
+    assert scheduled == {"0": (1, False), child.request_id: (2, True)}
+
+
+def test_blocked_is_neither_running_nor_finished():
+    assert not SequenceStatus.is_finished(SequenceStatus.BLOCKED)
+    assert SequenceStatus.get_finished_reason(SequenceStatus.BLOCKED) is None
+    finished = [s for s in SequenceStatus if s.name.startswith("FINISHED")]
+    assert finished and all(SequenceStatus.is_finished(s) for s in finished)
