@@ -184,3 +184,23 @@ def test_scheduled_tokens_for_child_start_and_parent_resume(
                                (1, False), (1 + merged, True)]
     assert all(chunk == (1, False) for chunk in root_chunks[3:])
     assert_engine_clean(hooked_llm)
+
+
+def test_prompt_logprobs_cover_the_prompt_only(hooked_llm, plain_llm,
+                                               hook_ids):
+    plans = programs(hook_ids)["sync before the child finishes"]
+    params = SamplingParams(temperature=0.0,
+                            max_tokens=32,
+                            prompt_logprobs=1,
+                            logits_processors=[scripted(plans, hook_ids)])
+    [output] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
+    [plain] = plain_llm.generate(["the cat sees"],
+                                 SamplingParams(max_tokens=1,
+                                                prompt_logprobs=1),
+                                 use_tqdm=False)
+    assert output.promise_tree.num_merged_tokens > 0
+    assert len(output.prompt_logprobs) == len(output.prompt_token_ids)
+    assert [
+        None if p is None else sorted(p) for p in output.prompt_logprobs
+    ] == [None if p is None else sorted(p) for p in plain.prompt_logprobs]
+    assert_engine_clean(hooked_llm)

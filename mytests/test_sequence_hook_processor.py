@@ -292,3 +292,25 @@ def test_blocked_is_neither_running_nor_finished():
     assert SequenceStatus.get_finished_reason(SequenceStatus.BLOCKED) is None
     finished = [s for s in SequenceStatus if s.name.startswith("FINISHED")]
     assert finished and all(SequenceStatus.is_finished(s) for s in finished)
+
+
+def test_merge_is_cut_to_leave_room_within_the_model_length(
+        tiny_tokenizer_path, hook_ids):
+    harness = HookHarness(tiny_tokenizer_path,
+                          SpecialKwargs(sync_token_id=hook_ids.sync,
+                                        promise_token_id=hook_ids.promise),
+                          max_model_len=16)
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    child_id = children_of(parent)[0].request_id
+    harness.step({"0": hook_ids.sync})
+    while not children_of(parent)[0].is_finished:
+        harness.step({child_id: word(harness, "cat")})
+    # The child ran into the model length itself, with 8 tokens of its own.
+    assert children_of(parent)[0].finish_reason == "length"
+    seq = parent.first_seq
+    # 5 prompt + "the", <promise>, <sync> + 7 merged: one slot left.
+    assert seq.get_len() == 15
+    harness.step()
+    assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED
+    assert seq.get_len() == 16

@@ -11,7 +11,7 @@ from pydantic import ConfigDict, model_validator
 from pydantic.dataclasses import dataclass
 
 
-@dataclass(config=ConfigDict(extra="forbid"))
+@dataclass(config=ConfigDict(extra="forbid", strict=True))
 class SpecialKwargs:
     """Token ids and limits of sequence hooks.
 

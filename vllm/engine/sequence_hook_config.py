@@ -6,7 +6,6 @@ builds anything and `check_engine_config` on the result, so every
 configuration the hooks cannot serve fails at start with a reason.
 """
 
-import json
 from typing import TYPE_CHECKING, Union
 
 from pydantic import TypeAdapter
@@ -34,8 +33,11 @@ def as_special_kwargs(value: Union[SpecialKwargs, dict, str]) -> SpecialKwargs:
     if isinstance(value, SpecialKwargs):
         return value
     if isinstance(value, str):
-        value = json.loads(value)
-    return TypeAdapter(SpecialKwargs).validate_python(value)
+        return TypeAdapter(SpecialKwargs).validate_json(value)
+    if isinstance(value, dict):
+        return SpecialKwargs(**value)
+    raise ValueError("special_kwargs must be SpecialKwargs, a dict or a JSON "
+                     f"string, got {type(value).__name__}")
 
 
 def prepare_engine_args(args: "EngineArgs") -> None:

@@ -113,6 +113,8 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         child_seq = parent_seq.fork(next(self.seq_counter))
         child_id = f"{tree.group_id}/promise-{child_seq.seq_id}"
         params = seq_group.sampling_params.clone()
+        # Its first chunk prefills output tokens, not prompt tokens.
+        params.prompt_logprobs = None
         child_group = SequenceGroup(
             request_id=child_id,
             seqs=[child_seq],
@@ -228,6 +230,8 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         if params.max_tokens is not None:
             room = min(room, params.max_tokens - seq.get_output_len() - 1)
         token_ids = token_ids[:max(room, 0)]
+        # The resume prefills output tokens; the prompt's logprobs are done.
+        params.prompt_logprobs = None
         self._append_given_tokens(seq, params, token_ids)
         node.num_merged_tokens += len(token_ids)
 

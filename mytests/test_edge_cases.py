@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Bad `SpecialKwargs` and configurations the hooks cannot serve fail at
+engine start (in `EngineArgs.create_engine_config`, before any model is
+loaded) with a message saying why; the options hooks need are set for the
+user when left at their defaults."""
+
+import json
+
+import pytest
+from transformers import BartConfig
+
+import vllm.envs as envs
+from vllm.config import SpecialKwargs
+from vllm.core.scheduler import Scheduler
+from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils import FlexibleArgumentParser
+
+
+@pytest.fixture
+def hooks(hook_ids):
+    return {
+        "sync_token_id": hook_ids.sync,
+        "promise_token_id": hook_ids.promise
+    }
+
+
+def engine_config(model, **kwargs):
+    return EngineArgs(model=str(model), max_model_len=128,
+                      **kwargs).create_engine_config()
+
+
+def test_hooks_set_the_options_they_need(tiny_model_path, hooks):
+    config = engine_config(tiny_model_path, special_kwargs=hooks)
+    assert config.special_kwargs == SpecialKwargs(**hooks)
+    assert config.scheduler_config.chunked_prefill_enabled
+    assert not config.model_config.use_async_output_proc
+    assert config.scheduler_config.scheduler_cls == (
+        "vllm.core.sequence_hook_scheduler.SequenceHookScheduler")
+
+
+def test_without_hooks_nothing_changes(tiny_model_path):
+    config = engine_config(tiny_model_path)
+    assert config.special_kwargs is None
+    assert config.scheduler_config.scheduler_cls == (
+        "vllm.core.scheduler.Scheduler")
+
+
+def test_unset_engine_choice_selects_v0(tiny_model_path, hooks, monkeypatch):
+    monkeypatch.delenv("VLLM_USE_V1")
+    engine_config(tiny_model_path, special_kwargs=hooks)
+    assert envs.is_set("VLLM_USE_V1") and not envs.VLLM_USE_V1
+
+
+def test_subclass_of_the_hook_scheduler_is_kept(tiny_model_path, hooks):
+
+    class MyScheduler(SequenceHookScheduler):
+        pass
+
+    config = engine_config(tiny_model_path,
+                           special_kwargs=hooks,
+                           scheduler_cls=MyScheduler)
+    assert config.scheduler_config.scheduler_cls is MyScheduler
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        ({
+            "enable_chunked_prefill": False
+        }, "enable_chunked_prefill=False"),
+        ({
+            "num_scheduler_steps": 2
+        }, "multi-step scheduling"),
+        ({
+            "pipeline_parallel_size": 2
+        }, "pipeline parallelism"),
+        ({
+            "speculative_config": {
+                "method": "ngram",
+                "num_speculative_tokens": 2,
+                "prompt_lookup_max": 2
+            }
+        }, "speculative decoding"),
+        ({
+            "scheduler_cls": Scheduler
+        }, "must subclass"),
+        ({
+            "skip_tokenizer_init": True
+        }, "skip_tokenizer_init"),
+    ],
+)
+def test_conflicting_options_are_refused(tiny_model_path, hooks, options,
+                                         reason):
+    with pytest.raises(ValueError, match=reason):
+        engine_config(tiny_model_path, special_kwargs=hooks, **options)
+
+
+def test_v1_engine_is_refused(tiny_model_path, hooks, monkeypatch):
+    monkeypatch.setenv("VLLM_USE_V1", "1")
+    with pytest.raises(ValueError, match="V1 engine"):
+        engine_config(tiny_model_path, special_kwargs=hooks)
+
+
+def test_encoder_decoder_model_is_refused(tmp_path, hooks):
+    BartConfig(vocab_size=100,
+               d_model=64,
+               encoder_layers=1,
+               decoder_layers=1,
+               encoder_attention_heads=2,
+               decoder_attention_heads=2,
+               encoder_ffn_dim=64,
+               decoder_ffn_dim=64,
+               max_position_embeddings=128,
+               architectures=["BartForConditionalGeneration"
+                              ]).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        engine_config(tmp_path, special_kwargs=hooks)
+
+
+def test_token_id_outside_the_vocabulary_is_refused(tiny_model_path, hooks):
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        engine_config(tiny_model_path,
+                      special_kwargs=dict(hooks, sync_token_id=10_000))
+
+
+@pytest.mark.parametrize(
+    ("values", "reason"),
+    [
+        ({
+            "sync_token_id": -1
+        }, ">= 0"),
+        ({
+            "promise_token_id": "x"
+        }, "promise_token_id"),
+        ({
+            "sync_token_id": 5,
+            "promise_token_id": 5
+        }, "must differ"),
+        ({
+            "child_role_token_id": 4
+        }, "must differ"),
+        ({
+            "max_depth": 0
+        }, "max_depth"),
+        ({
+            "sync_tokn_id": 4
+        }, "sync_tokn_id"),
+    ],
+)
+def test_invalid_special_kwargs_are_refused(values, reason):
+    with pytest.raises(ValueError, match=reason):
+        SpecialKwargs(**dict({
+            "sync_token_id": 4,
+            "promise_token_id": 5
+        }, **values))
+
+
+def test_special_kwargs_from_the_cli_as_json(tiny_model_path, hooks):
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args([
+        "--model",
+        str(tiny_model_path), "--max-model-len", "128", "--special-kwargs",
+        json.dumps(dict(hooks, merge_separator=" ; "))
+    ])
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    assert config.special_kwargs == SpecialKwargs(**hooks,
+                                                  merge_separator=" ; ")

@@ -1,0 +1,156 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tripwires: the upstream symbols our patches and modules rely on.
+
+If upstream moves one of them (a new pin, a changed signature), these fail
+naming it, before any behaviour test has to be debugged. Three kinds:
+
+- the symbols each patch touches, as pristine upstream has them;
+- the same symbols after patching, with the shape we gave them;
+- unpatched upstream symbols our modules call, override or read.
+"""
+
+import ast
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import build_fork  # noqa: E402
+
+# Upstream file -> {qualified function name: its parameters, pristine}.
+PATCHED_FUNCTIONS = {
+    "vllm/engine/output_processor/interfaces.py": {
+        "SequenceGroupOutputProcessor.create_output_processor": [
+            "scheduler_config", "detokenizer", "scheduler", "seq_counter",
+            "get_tokenizer_for_seq", "stop_checker"
+        ],
+    },
+    "vllm/engine/llm_engine.py": {
+        "LLMEngine.__init__": [
+            "self", "vllm_config", "executor_class", "log_stats",
+            "usage_context", "stat_loggers", "mm_registry",
+            "use_cached_outputs"
+        ],
+    },
+    "vllm/engine/arg_utils.py": {
+        "EngineArgs.create_engine_config": ["self", "usage_context"],
+        "EngineArgs.add_cli_args": ["parser"],
+    },
+    "vllm/outputs.py": {
+        "RequestOutput.__init__": [
+            "self", "request_id", "prompt", "prompt_token_ids",
+            "prompt_logprobs", "outputs", "finished", "metrics",
+            "lora_request", "encoder_prompt", "encoder_prompt_token_ids",
+            "num_cached_tokens", "multi_modal_placeholders",
+            "kv_transfer_params", "kwargs"
+        ],
+        "RequestOutput.from_seq_group":
+        ["cls", "seq_group", "use_cache", "seq_id_to_seq_group"],
+    },
+    "vllm/sequence.py": {
+        "SequenceStatus.is_finished": ["status"],
+    },
+}
+
+
+def upstream_functions(relative_path: str) -> dict[str, list[str]]:
+    """Parameters of every function in a pristine upstream file."""
+    source = (build_fork.pristine_tree("cpu") / relative_path).read_text()
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    args = item.args
+                    names = [
+                        a.arg
+                        for a in args.posonlyargs + args.args + args.kwonlyargs
+                    ]
+                    if args.vararg:
+                        names.append(args.vararg.arg)
+                    if args.kwarg:
+                        names.append(args.kwarg.arg)
+                    found[f"{node.name}.{item.name}"] = names
+    return found
+
+
+@pytest.mark.parametrize("relative_path", sorted(PATCHED_FUNCTIONS))
+def test_patched_functions_have_their_upstream_shape(relative_path):
+    found = upstream_functions(relative_path)
+    for name, params in PATCHED_FUNCTIONS[relative_path].items():
+        assert name in found, f"upstream {relative_path} lost {name}"
+        assert found[name] == params, f"upstream {name} changed shape"
+
+
+def test_upstream_sequence_status_values():
+    source = (build_fork.pristine_tree("cpu") / "vllm/sequence.py").read_text()
+    assert ("    SWAPPED = 2\n    # Note: anything after SWAPPED (2) will be "
+            "considered\n    # as a finished status.\n    FINISHED_STOPPED = 3"
+            in source)
+    assert "return status > SequenceStatus.SWAPPED" in source
+
+
+def test_patched_shapes():
+    from vllm.config import SpecialKwargs, VllmConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.output_processor.interfaces import (
+        SequenceGroupOutputProcessor)
+    from vllm.inputs import token_inputs
+    from vllm.outputs import RequestOutput
+    from vllm.sequence import Sequence, SequenceGroup, SequenceStatus
+
+    factory = inspect.signature(
+        SequenceGroupOutputProcessor.create_output_processor).parameters
+    assert list(factory)[-2:] == ["special_kwargs", "seq_id_to_seq_group"]
+    assert SequenceStatus.BLOCKED == 3
+    assert SequenceStatus.FINISHED_STOPPED == 4
+    group = SequenceGroup("0", [Sequence(0, token_inputs([1, 2]), 4)], 0.0)
+    assert group.promise_tree is None
+    assert "promise_tree" in inspect.signature(RequestOutput).parameters
+    assert VllmConfig.__dataclass_fields__["special_kwargs"].default is None
+    assert EngineArgs.__dataclass_fields__["special_kwargs"].default is None
+    assert SpecialKwargs.__module__ == "vllm.special_kwargs"
+
+
+def params_of(function) -> list[str]:
+    return list(inspect.signature(function).parameters)
+
+
+def test_upstream_symbols_our_modules_rely_on():
+    from vllm.core.block_manager import SelfAttnBlockSpaceManager
+    from vllm.core.scheduler import Scheduler
+    from vllm.engine.output_processor.single_step import (
+        SingleStepOutputProcessor)
+    from vllm.sequence import Sequence, SequenceData, SequenceGroupBase
+    from vllm.transformers_utils.detokenizer import Detokenizer
+
+    # SequenceHookScheduler overrides these and calls super().
+    assert params_of(Scheduler.abort_seq_group) == [
+        "self", "request_id", "seq_id_to_seq_group"
+    ]
+    assert params_of(Scheduler.has_unfinished_seqs) == ["self"]
+    assert params_of(Scheduler.get_num_unfinished_seq_groups) == ["self"]
+    assert params_of(Scheduler.fork_seq) == ["self", "parent_seq", "child_seq"]
+    assert params_of(
+        SelfAttnBlockSpaceManager.fork) == ["self", "parent_seq", "child_seq"]
+    # SequenceHookOutputProcessor subclasses this and calls super().
+    assert params_of(SingleStepOutputProcessor.__init__) == [
+        "self", "scheduler_config", "detokenizer", "scheduler", "seq_counter",
+        "stop_checker"
+    ]
+    assert params_of(SingleStepOutputProcessor.process_outputs) == [
+        "self", "sequence_group", "outputs", "is_async"
+    ]
+    assert params_of(
+        Detokenizer.decode_sequence_inplace) == ["self", "seq", "prms"]
+    assert params_of(Sequence.fork) == ["self", "new_seq_id"]
+    # PromiseTree is registered like ParallelSampleSequenceGroup.
+    assert {"group_id", "seq_id_to_index",
+            "to_be_finished"} <= set(SequenceGroupBase.__dataclass_fields__)
+    # A merge moves the stage back to PREFILL; computing the tail moves it
+    # forward again.
+    assert "_stage" in SequenceData.__struct_fields__
+    assert "self._stage = SequenceStage.DECODE" in inspect.getsource(
+        SequenceData.update_num_computed_tokens)
