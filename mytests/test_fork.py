@@ -57,3 +57,15 @@ def test_greedy_is_deterministic(plain_llm, prompt):
     batched = plain_llm.generate([prompt, "one two three four"],
                                  params)[0].outputs[0].token_ids
     assert first == batched
+
+
+def test_tiny_model_is_deterministic_by_seed(tmp_path):
+    from tiny_model import TinyModelSpec, build_tiny_model
+    first = build_tiny_model(tmp_path / "a", TinyModelSpec(seed=3))
+    again = build_tiny_model(tmp_path / "b", TinyModelSpec(seed=3))
+    other = build_tiny_model(tmp_path / "c", TinyModelSpec(seed=4))
+    weights = "model.safetensors"
+    assert (first / weights).read_bytes() == (again / weights).read_bytes()
+    assert (first / weights).read_bytes() != (other / weights).read_bytes()
+    assert ((first / "tokenizer.json").read_text() == (
+        again / "tokenizer.json").read_text())
