@@ -71,10 +71,14 @@ def tiny_tokenizer_path(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def hooked_llm(tiny_model_path, hook_ids):
-    """One V0 engine with sequence hooks (and the role marker) a session."""
+    """One V0 engine with sequence hooks (and the role marker) a session.
+
+    Stats logging is on, as in `vllm serve`, so every test runs through it.
+    """
     from vllm import LLM
     from vllm.config import SpecialKwargs
     return LLM(model=str(tiny_model_path),
+               disable_log_stats=False,
                max_model_len=256,
                enforce_eager=True,
                dtype="float32",

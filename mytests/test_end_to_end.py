@@ -106,6 +106,7 @@ def test_program_matches_the_hook_free_reference(hooked_llm, plain_llm,
         assert_tree_matches(output.promise_tree, expected)
         # The parent's text carries the merged children's texts.
         for child in output.promise_tree.children:
+            assert child.text.strip()
             assert child.text.strip() in completion.text
     else:
         assert output.promise_tree is None
@@ -203,4 +204,30 @@ def test_prompt_logprobs_cover_the_prompt_only(hooked_llm, plain_llm,
     assert [
         None if p is None else sorted(p) for p in output.prompt_logprobs
     ] == [None if p is None else sorted(p) for p in plain.prompt_logprobs]
+    assert_engine_clean(hooked_llm)
+
+
+def test_seeded_sampling_gives_each_child_its_own_stream(hooked_llm, hook_ids):
+    plans = {
+        (): [NONE, hook_ids.promise, hook_ids.promise, hook_ids.sync, NONE],
+        (0, ): [NONE] * 8,
+        (1, ): [NONE] * 8,
+    }
+
+    def run():
+        params = SamplingParams(temperature=1.0,
+                                seed=1234,
+                                max_tokens=40,
+                                logits_processors=[scripted(plans, hook_ids)])
+        [output] = hooked_llm.generate(["the cat sees"],
+                                       params,
+                                       use_tqdm=False)
+        return output
+
+    first, again = run(), run()
+    assert first.outputs[0].token_ids == again.outputs[0].token_ids
+    texts = [child.text for child in first.promise_tree.children]
+    assert texts == [child.text for child in again.promise_tree.children]
+    # Same context, same plan, different seeds: different samples.
+    assert texts[0] != texts[1]
     assert_engine_clean(hooked_llm)

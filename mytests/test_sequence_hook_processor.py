@@ -116,7 +116,8 @@ def test_sync_parks_the_parent_until_its_child_finishes(harness, hook_ids):
     assert seq.get_output_token_ids()[-3:] == (hook_ids.sync,
                                                word(harness, "the"), cat)
     assert seq.data.get_num_uncomputed_tokens() == 3
-    assert seq.data.stage == SequenceStage.PREFILL
+    # Until the next schedule the engine still sees this step's decode.
+    assert seq.data.stage == SequenceStage.DECODE
     assert parent.promise_tree.root.num_merged_tokens == 2
 
     scheduled = harness.step()

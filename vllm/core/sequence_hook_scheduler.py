@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """A V0 scheduler that can park sequence groups while their children run."""
 
-from typing import Dict, Iterable, Optional, Union
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
-from vllm.core.scheduler import Scheduler
+from vllm.core.scheduler import Scheduler, SchedulerOutputs
 from vllm.sequence import (Sequence, SequenceGroup, SequenceGroupBase,
+                           SequenceGroupMetadata, SequenceStage,
                            SequenceStatus)
 
 
@@ -23,6 +24,30 @@ class SequenceHookScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         # Parked groups by request id, in the order they were parked.
         self.blocked: Dict[str, SequenceGroup] = {}
+        # Sequences whose uncomputed tail the next step prefills.
+        self._tails_to_prefill: List[Sequence] = []
+
+    def prefill_tail(self, seq: Sequence) -> None:
+        """Has the next step compute ``seq``'s uncomputed tokens as a prefill.
+
+        Tokens appended without being sampled (a merge, a role marker) are
+        computed as one prefill chunk on top of the existing KV cache, and a
+        prefill also creates a seeded group's generator. The stage changes
+        at the next `schedule`, not now: until then the engine still treats
+        the group as this step's decode (stats, tracing).
+        """
+        self._tails_to_prefill.append(seq)
+
+    def schedule(
+            self
+    ) -> Tuple[List[SequenceGroupMetadata], SchedulerOutputs, bool]:
+        for seq in self._tails_to_prefill:
+            if not seq.is_finished():
+                # Computing the tail moves the stage forward to DECODE again
+                # (SequenceData.update_num_computed_tokens).
+                seq.data._stage = SequenceStage.PREFILL
+        self._tails_to_prefill.clear()
+        return super().schedule()
 
     def add_child(self, parent_seq: Sequence,
                   child_group: SequenceGroup) -> None:

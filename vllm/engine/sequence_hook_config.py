@@ -93,6 +93,9 @@ def check_engine_config(config: "VllmConfig") -> None:
     model_config = config.model_config
     if model_config.is_encoder_decoder:
         refuse("encoder-decoder models: children fork decoder sequences only")
+    if model_config.is_attention_free or model_config.has_inner_state:
+        refuse("models with per-request state (Mamba, hybrid or attention-"
+               "free): a child forks only the KV cache")
     if model_config.runner_type != "generate":
         refuse(f"runner type {model_config.runner_type!r}: hooks act on "
                "generated tokens")

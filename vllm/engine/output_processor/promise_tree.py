@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The tree of child sequences a request spawns through `<promise>`."""
 
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -87,3 +88,6 @@ class PromiseTree(SequenceGroupBase):
         # entry is not needed any more. The output processor records the
         # child's result.
         self.registry.pop(seq_group.request_id, None)
+        # Tracing reads it; from_seq_group sets it only for groups that
+        # produce an output.
+        seq_group.set_finished_time(time.time())

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Sequence hooks: `<promise>` spawns a child, `<sync>` joins the children."""
 
+import hashlib
 import time
 from typing import Dict, List
 
@@ -12,7 +13,7 @@ from vllm.engine.output_processor.single_step import SingleStepOutputProcessor
 from vllm.engine.output_processor.stop_checker import StopChecker
 from vllm.logger import init_logger
 from vllm.sequence import (Logprob, Sequence, SequenceGroup, SequenceGroupBase,
-                           SequenceGroupOutput, SequenceStage, SequenceStatus)
+                           SequenceGroupOutput, SequenceStatus)
 from vllm.special_kwargs import SpecialKwargs
 from vllm.transformers_utils.detokenizer import Detokenizer
 from vllm.utils import Counter
@@ -22,6 +23,16 @@ logger = init_logger(__name__)
 # Log probability recorded for merged tokens: they are given, not sampled,
 # so they leave the cumulative log probability unchanged.
 MERGED_TOKEN_LOGPROB = 0.0
+
+
+def derive_seed(seed: int, purpose: str) -> int:
+    """A deterministic seed for a child or a resume of a seeded sequence.
+
+    A prefill re-creates a seeded group's generator from its seed, so each
+    child and each resume gets its own seed, derived from its parent's.
+    """
+    digest = hashlib.blake2b(f"{seed}:{purpose}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") >> 1
 
 
 class SequenceHookOutputProcessor(SingleStepOutputProcessor):
@@ -115,6 +126,9 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         params = seq_group.sampling_params.clone()
         # Its first chunk prefills output tokens, not prompt tokens.
         params.prompt_logprobs = None
+        if params.seed is not None:
+            params.seed = derive_seed(params.seed,
+                                      f"child-{len(node.children)}")
         child_group = SequenceGroup(
             request_id=child_id,
             seqs=[child_seq],
@@ -126,9 +140,12 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
             priority=seq_group.priority)
         child_group.promise_tree = tree
         self.hook_scheduler.add_child(parent_seq, child_group)
-        if limits.child_role_token_id is not None:
-            self._append_given_tokens(child_seq, params,
-                                      [limits.child_role_token_id])
+        marker = ([] if limits.child_role_token_id is None else
+                  [limits.child_role_token_id])
+        self._append_given_tokens(child_seq, params, marker)
+        if params.seed is not None:
+            # Only a prefill creates the child's own generator.
+            self.hook_scheduler.prefill_tail(child_seq)
         # The child's own token budget starts at its fork point; the
         # parent's params are already shifted by the parent's own one.
         fork_output_len = child_seq.get_output_len()
@@ -189,7 +206,8 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
             # Aborted by its own id: stock abort resolves registered ids to
             # the request's, so the map is left out.
             self.hook_scheduler.abort_seq_group(child.request_id)
-            del tree.seq_groups[child.request_id]
+            tree.seq_groups.pop(child.request_id).set_finished_time(
+                time.time())
             # The engine skips it from now on: no output will ask for it.
             self.seq_id_to_seq_group.pop(child.request_id, None)
             child.finish_reason = "abort"
@@ -197,19 +215,18 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
     def _result_text(self, seq: Sequence, node: PromiseNode,
                      seq_group: SequenceGroup) -> str:
         """A finished child's own output text, without hook tokens."""
-        params = seq_group.sampling_params
-        if params.detokenize:
-            text = seq.output_text[node.fork_text_len:]
-            if not params.skip_special_tokens:
-                tokenizer = self.detokenizer.get_tokenizer_for_seq(seq)
-                for token in tokenizer.convert_ids_to_tokens(
-                        sorted(self._hook_token_ids)):
-                    text = text.replace(token, "")
-            return text
         tokenizer = self.detokenizer.get_tokenizer_for_seq(seq)
-        return tokenizer.decode(
-            [t for t in node.token_ids if t not in self._hook_token_ids],
-            skip_special_tokens=True)
+        if not seq_group.sampling_params.detokenize:
+            return tokenizer.decode(
+                [t for t in node.token_ids if t not in self._hook_token_ids],
+                skip_special_tokens=True)
+        # Hook tokens show in the text when they are not special tokens of
+        # the tokenizer or special tokens are not skipped.
+        text = seq.output_text[node.fork_text_len:]
+        for token in tokenizer.convert_ids_to_tokens(
+                sorted(self._hook_token_ids)):
+            text = text.replace(token, "")
+        return text
 
     def _merge(self, seq_group: SequenceGroup, node: PromiseNode) -> None:
         """Appends the unmerged children's texts to the group's sequence.
@@ -225,13 +242,18 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         text = self.special_kwargs.merge_separator.join(child.text
                                                         for child in children)
         tokenizer = self.detokenizer.get_tokenizer_for_seq(seq)
-        token_ids = tokenizer.encode(text, add_special_tokens=False)
+        # Text that spells a special token stays text, never a control token.
+        token_ids = tokenizer.encode(text,
+                                     add_special_tokens=False,
+                                     split_special_tokens=True)
         room = self.scheduler_config.max_model_len - seq.get_len() - 1
         if params.max_tokens is not None:
             room = min(room, params.max_tokens - seq.get_output_len() - 1)
         token_ids = token_ids[:max(room, 0)]
         # The resume prefills output tokens; the prompt's logprobs are done.
         params.prompt_logprobs = None
+        if token_ids and params.seed is not None:
+            params.seed = derive_seed(params.seed, f"resume-{node.num_merged}")
         self._append_given_tokens(seq, params, token_ids)
         node.num_merged_tokens += len(token_ids)
 
@@ -247,7 +269,5 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
                                 {token_id: Logprob(MERGED_TOKEN_LOGPROB)})
             if params.detokenize:
                 self.detokenizer.decode_sequence_inplace(seq, params)
-        if seq.data.get_num_uncomputed_tokens() > 1:
-            # Prefill the uncomputed tail on top of the existing KV cache;
-            # update_num_computed_tokens moves the stage back to DECODE.
-            seq.data._stage = SequenceStage.PREFILL
+        if token_ids:
+            self.hook_scheduler.prefill_tail(seq)
