@@ -5,7 +5,8 @@
 the output processor the real factory picks, a real detokenizer over the
 tiny tokenizer and a real stop checker, then plays the engine's part of a
 step: schedule, count the computed tokens, hand each sampled token (chosen
-by the test) to the processor, free finished groups, forget finished ids.
+by the test) to the processor, build the outputs of finished and ignored
+groups, free finished groups, forget finished ids.
 """
 
 import time
@@ -19,6 +20,7 @@ from vllm.engine.output_processor.interfaces import (
     SequenceGroupOutputProcessor)
 from vllm.engine.output_processor.stop_checker import StopChecker
 from vllm.inputs import token_inputs
+from vllm.outputs import RequestOutput, RequestOutputFactory
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import (CompletionSequenceGroupOutput, Logprob, Sequence,
                            SequenceGroup, SequenceGroupBase, SequenceOutput)
@@ -83,6 +85,8 @@ class HookHarness:
         self.block_size = block_size
         # The scheduler's outputs of the latest step.
         self.last_outputs = None
+        # Outputs of finished requests, as the engine would return them.
+        self.finished_outputs: list[RequestOutput] = []
 
     def add(self, request_id: str, prompt: str,
             params: SamplingParams) -> SequenceGroup:
@@ -135,8 +139,18 @@ class HookHarness:
             self.processor.process_outputs(
                 group, [CompletionSequenceGroupOutput([sample], None)],
                 is_async=False)
+            if group.is_finished():
+                self._make_output(group)
+        for group in outputs.ignored_seq_groups:
+            self._make_output(group)
         self.scheduler.free_finished_seq_groups()
         return scheduled
+
+    def _make_output(self, group: SequenceGroup) -> None:
+        """Builds a finished group's output as the engine does."""
+        output = RequestOutputFactory.create(group, self.seq_id_to_seq_group)
+        if output is not None:
+            self.finished_outputs.append(output)
 
     def free_blocks(self) -> int:
         return self.scheduler.block_manager.get_num_free_gpu_blocks()

@@ -315,3 +315,59 @@ def test_merge_is_cut_to_leave_room_within_the_model_length(
     harness.step()
     assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED
     assert seq.get_len() == 16
+
+
+def run_until_done(harness, max_steps=500) -> int:
+    for step in range(max_steps):
+        harness.step()
+        if not harness.scheduler.has_unfinished_seqs():
+            return step
+    raise AssertionError(f"not done after {max_steps} steps")
+
+
+def test_parked_parents_are_evicted_rather_than_deadlock(
+        tiny_tokenizer_path, hook_ids):
+    # 12 blocks of 4 tokens: two parked parents and two growing children
+    # cannot all keep their blocks.
+    harness = HookHarness(tiny_tokenizer_path,
+                          SpecialKwargs(sync_token_id=hook_ids.sync,
+                                        promise_token_id=hook_ids.promise),
+                          num_gpu_blocks=12)
+    prompt = "the cat sees the dog the cat sees"
+    parents = [
+        harness.add(r, prompt, SamplingParams(temperature=0.0, max_tokens=40))
+        for r in "ab"
+    ]
+    harness.step()
+    harness.step({"a": hook_ids.promise, "b": hook_ids.promise})
+    harness.step({"a": hook_ids.sync, "b": hook_ids.sync})
+    assert set(harness.scheduler.blocked) == {"a", "b"}
+    run_until_done(harness)
+    assert harness.free_blocks() == 12
+    assert sorted(o.request_id for o in harness.finished_outputs) == ["a", "b"]
+    for parent in parents:
+        seq = parent.first_seq
+        [child] = children_of(parent)
+        assert child.finish_reason == "length" and len(child.token_ids) > 20
+        assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED
+        assert parent.promise_tree.root.num_merged_tokens > 0
+
+
+def test_child_the_cache_can_never_hold_finishes_its_parent_wakes(
+        tiny_tokenizer_path, hook_ids):
+    harness = HookHarness(tiny_tokenizer_path,
+                          SpecialKwargs(sync_token_id=hook_ids.sync,
+                                        promise_token_id=hook_ids.promise),
+                          num_gpu_blocks=6)
+    parent = start(harness, max_tokens=60)
+    harness.step({"0": hook_ids.promise})
+    harness.step({"0": hook_ids.sync})
+    run_until_done(harness)
+    [child] = children_of(parent)
+    # Preempted for recompute, then too long for the whole cache: ignored.
+    assert child.finish_reason == "length"
+    assert parent.promise_tree.root.num_merged_tokens > 0
+    assert parent.first_seq.is_finished()
+    assert harness.free_blocks() == 6
+    assert harness.seq_id_to_seq_group == {}
+    assert [o.request_id for o in harness.finished_outputs] == ["0"]

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """A V0 scheduler that can park sequence groups while their children run."""
 
-from typing import Dict, Iterable, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
+from vllm.core.interfaces import AllocStatus
 from vllm.core.scheduler import Scheduler, SchedulerOutputs
 from vllm.sequence import (Sequence, SequenceGroup, SequenceGroupBase,
                            SequenceGroupMetadata, SequenceStage,
@@ -15,39 +16,25 @@ class SequenceHookScheduler(Scheduler):
     A group whose sequence sampled `<sync>` while it has unfinished children
     is parked: its sequence is `SequenceStatus.BLOCKED`, it keeps its KV
     blocks, and it is in none of the waiting/running/swapped queues, so it is
-    neither scheduled nor preempted until `unblock` puts it back into the
-    running queue. Children join the running queue directly, sharing their
-    parent's blocks. Selected through `SchedulerConfig.scheduler_cls`.
+    not scheduled until `unblock` puts it back. Children join the running
+    queue directly, sharing their parent's blocks. When nothing can run
+    because parked groups hold the blocks a waiting group needs, the most
+    recently parked ones are evicted (their blocks freed, to be recomputed
+    when they resume), so a full cache never deadlocks. Selected through
+    `SchedulerConfig.scheduler_cls`.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # Parked groups by request id, in the order they were parked.
         self.blocked: Dict[str, SequenceGroup] = {}
+        # Parked groups whose blocks were freed; they resume by recompute.
+        self._evicted: Set[str] = set()
         # Sequences whose uncomputed tail the next step prefills.
         self._tails_to_prefill: List[Sequence] = []
-
-    def prefill_tail(self, seq: Sequence) -> None:
-        """Has the next step compute ``seq``'s uncomputed tokens as a prefill.
-
-        Tokens appended without being sampled (a merge, a role marker) are
-        computed as one prefill chunk on top of the existing KV cache, and a
-        prefill also creates a seeded group's generator. The stage changes
-        at the next `schedule`, not now: until then the engine still treats
-        the group as this step's decode (stats, tracing).
-        """
-        self._tails_to_prefill.append(seq)
-
-    def schedule(
-            self
-    ) -> Tuple[List[SequenceGroupMetadata], SchedulerOutputs, bool]:
-        for seq in self._tails_to_prefill:
-            if not seq.is_finished():
-                # Computing the tail moves the stage forward to DECODE again
-                # (SequenceData.update_num_computed_tokens).
-                seq.data._stage = SequenceStage.PREFILL
-        self._tails_to_prefill.clear()
-        return super().schedule()
+        # Told of a group of a promise tree that the scheduler finished
+        # itself (FINISHED_IGNORED), which no output processing will see.
+        self.finish_callback: Optional[Callable[[SequenceGroup], None]] = None
 
     def add_child(self, parent_seq: Sequence,
                   child_group: SequenceGroup) -> None:
@@ -62,6 +49,17 @@ class SequenceHookScheduler(Scheduler):
         self.fork_seq(parent_seq, child_group.first_seq)
         self.running.append(child_group)
 
+    def prefill_tail(self, seq: Sequence) -> None:
+        """Has the next step compute ``seq``'s uncomputed tokens as a prefill.
+
+        Tokens appended without being sampled (a merge, a role marker) are
+        computed as one prefill chunk on top of the existing KV cache, and a
+        prefill also creates a seeded group's generator. The stage changes
+        at the next `schedule`, not now: until then the engine still treats
+        the group as this step's decode (stats, tracing).
+        """
+        self._tails_to_prefill.append(seq)
+
     def block(self, seq_group: SequenceGroup) -> None:
         """Parks a running group until `unblock`."""
         self.running.remove(seq_group)
@@ -69,10 +67,53 @@ class SequenceHookScheduler(Scheduler):
         self.blocked[seq_group.request_id] = seq_group
 
     def unblock(self, seq_group: SequenceGroup) -> None:
-        """Puts a parked group back into the running queue."""
+        """Puts a parked group back: running, or waiting if evicted."""
         del self.blocked[seq_group.request_id]
-        seq_group.first_seq.status = SequenceStatus.RUNNING
-        self.running.append(seq_group)
+        if seq_group.request_id in self._evicted:
+            self._evicted.remove(seq_group.request_id)
+            seq_group.first_seq.status = SequenceStatus.WAITING
+            # At the front, as upstream puts back preempted groups.
+            self.waiting.appendleft(seq_group)
+        else:
+            seq_group.first_seq.status = SequenceStatus.RUNNING
+            self.running.append(seq_group)
+
+    def schedule(
+            self
+    ) -> Tuple[List[SequenceGroupMetadata], SchedulerOutputs, bool]:
+        for seq in self._tails_to_prefill:
+            if not seq.is_finished():
+                # Computing the tail moves the stage forward to DECODE again
+                # (SequenceData.update_num_computed_tokens).
+                seq.data._stage = SequenceStage.PREFILL
+        self._tails_to_prefill.clear()
+        self._evict_parked_if_stuck()
+        metadata, outputs, allow_async = super().schedule()
+        if self.finish_callback is not None:
+            for seq_group in outputs.ignored_seq_groups:
+                if seq_group.promise_tree is not None:
+                    self.finish_callback(seq_group)
+        return metadata, outputs, allow_async
+
+    def _evict_parked_if_stuck(self) -> None:
+        """Frees parked groups' blocks while they alone stop all progress.
+
+        That is: nothing runs or is swapped out, and the first waiting group
+        cannot be allocated now but could be with more free blocks.
+        """
+        while (self.waiting and not self.running and not self.swapped
+               and self.block_manager.can_allocate(
+                   self.waiting[0]) == AllocStatus.LATER):
+            holders = [
+                seq_group for request_id, seq_group in self.blocked.items()
+                if request_id not in self._evicted
+            ]
+            if not holders:
+                return
+            victim = holders[-1]
+            self.free_seq(victim.first_seq)
+            victim.first_seq.data.reset_state_for_recompute()
+            self._evicted.add(victim.request_id)
 
     def abort_seq_group(
         self,
@@ -81,8 +122,8 @@ class SequenceHookScheduler(Scheduler):
     ) -> None:
         """Aborts groups as the stock scheduler does, parked ones included.
 
-        Parked groups being aborted are put back into the running queue
-        first, so the stock abort frees them like any other.
+        Parked groups being aborted are put back into a queue first, so the
+        stock abort frees them like any other.
         """
         request_ids = {request_id} if isinstance(request_id,
                                                  str) else set(request_id)

@@ -69,6 +69,7 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
             raise ValueError("sequence hooks need the tokenizer to merge "
                              "children's texts (skip_tokenizer_init=False)")
         self.hook_scheduler: SequenceHookScheduler = scheduler[0]
+        self.hook_scheduler.finish_callback = self._finish
         self.special_kwargs = special_kwargs
         # The engine's map of split requests; children are registered there.
         self.seq_id_to_seq_group = seq_id_to_seq_group
