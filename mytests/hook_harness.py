@@ -87,6 +87,8 @@ class HookHarness:
         self.last_outputs = None
         # Outputs of finished requests, as the engine would return them.
         self.finished_outputs: list[RequestOutput] = []
+        # Request ids of every output made: children's must never be here.
+        self.output_request_ids: set[str] = set()
 
     def add(self, request_id: str, prompt: str,
             params: SamplingParams) -> SequenceGroup:
@@ -121,36 +123,41 @@ class HookHarness:
             self.seq_id_to_seq_group.pop(request_id, None)
         metadata_list, outputs, _ = self.scheduler.schedule()
         self.last_outputs = outputs
-        scheduled = []
+        scheduled, processed = [], []
         for metadata, item in zip(metadata_list, outputs.scheduled_seq_groups):
             group = item.seq_group
             if group.is_finished():
-                # Aborted earlier in this step, as the engine skips it.
+                # Aborted earlier in this step: the engine skips it.
                 continue
             scheduled.append(
                 Scheduled(group.request_id, item.token_chunk_size,
                           metadata.is_prompt))
             group.update_num_computed_tokens(item.token_chunk_size)
-            if not metadata.do_sample:
-                continue
             token = sampled.get(group.request_id, default_token)
             sample = SequenceOutput(group.first_seq.seq_id, token,
                                     {token: Logprob(0.0)})
-            self.processor.process_outputs(
-                group, [CompletionSequenceGroupOutput([sample], None)],
-                is_async=False)
+            output = [CompletionSequenceGroupOutput([sample], None)]
+            self.processor.process_prompt_logprob(group, output)
+            if metadata.do_sample:
+                self.processor.process_outputs(group, output, is_async=False)
             if group.is_finished():
                 self._make_output(group)
-        for group in outputs.ignored_seq_groups:
+            else:
+                processed.append(group)
+        # Then, as the engine does, outputs of the other processed groups
+        # (some may have been finished meanwhile) and of ignored ones.
+        for group in processed + list(outputs.ignored_seq_groups):
             self._make_output(group)
         self.scheduler.free_finished_seq_groups()
         return scheduled
 
     def _make_output(self, group: SequenceGroup) -> None:
-        """Builds a finished group's output as the engine does."""
+        """Builds a group's output as the engine does."""
         output = RequestOutputFactory.create(group, self.seq_id_to_seq_group)
         if output is not None:
-            self.finished_outputs.append(output)
+            self.output_request_ids.add(output.request_id)
+            if output.finished:
+                self.finished_outputs.append(output)
 
     def free_blocks(self) -> int:
         return self.scheduler.block_manager.get_num_free_gpu_blocks()

@@ -125,8 +125,15 @@ def test_many_requests_at_once(hooked_llm, plain_llm, hook_ids):
     assert_engine_clean(hooked_llm)
 
 
-def test_parent_eos_aborts_live_children(hooked_llm, plain_llm, hook_ids):
-    plans = {(): [NONE, hook_ids.promise, NONE], (0, ): [NONE] * 30}
+@pytest.mark.parametrize("tokens_after_promise", [0, 1])
+def test_parent_eos_aborts_live_children(hooked_llm, plain_llm, hook_ids,
+                                         tokens_after_promise):
+    # With 0 the parent ends in the very step its child's first chunk runs,
+    # which the engine processes first.
+    plans = {
+        (): [NONE, hook_ids.promise] + [NONE] * tokens_after_promise,
+        (0, ): [NONE] * 30
+    }
     [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
     expected = reference(plain_llm, hook_ids, {(): plans[()]},
                          output.prompt_token_ids)

@@ -371,3 +371,23 @@ def test_child_the_cache_can_never_hold_finishes_its_parent_wakes(
     assert harness.free_blocks() == 6
     assert harness.seq_id_to_seq_group == {}
     assert [o.request_id for o in harness.finished_outputs] == ["0"]
+
+
+def test_child_processed_before_its_parent_finishes_makes_no_output(
+        tiny_tokenizer_path, hook_ids):
+    # With a role marker a child's first step is a prefill, scheduled ahead
+    # of the decodes: the engine processes it before its parent, which then
+    # finishes and aborts it in the same step.
+    harness = make_harness(tiny_tokenizer_path,
+                           hook_ids,
+                           child_role_token_id=hook_ids.child)
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    child_id = children_of(parent)[0].request_id
+    scheduled = harness.step({"0": hook_ids.eos})
+    assert [s.request_id for s in scheduled] == [child_id, "0"]
+    assert children_of(parent)[0].finish_reason == "abort"
+    assert harness.output_request_ids == {"0"}
+    assert [o.request_id for o in harness.finished_outputs] == ["0"]
+    assert harness.seq_id_to_seq_group == {}
+    assert harness.free_blocks() == 64

@@ -35,6 +35,9 @@ class SequenceHookScheduler(Scheduler):
         # Told of a group of a promise tree that the scheduler finished
         # itself (FINISHED_IGNORED), which no output processing will see.
         self.finish_callback: Optional[Callable[[SequenceGroup], None]] = None
+        # Steps scheduled so far: tells one step's output processing from
+        # the next.
+        self.num_steps = 0
 
     def add_child(self, parent_seq: Sequence,
                   child_group: SequenceGroup) -> None:
@@ -88,6 +91,7 @@ class SequenceHookScheduler(Scheduler):
                 seq.data._stage = SequenceStage.PREFILL
         self._tails_to_prefill.clear()
         self._evict_parked_if_stuck()
+        self.num_steps += 1
         metadata, outputs, allow_async = super().schedule()
         if self.finish_callback is not None:
             for seq_group in outputs.ignored_seq_groups:

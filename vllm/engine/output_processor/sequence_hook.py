@@ -3,7 +3,7 @@
 
 import hashlib
 import time
-from typing import Dict, List
+from typing import Dict, List, Set
 
 from vllm.config import SchedulerConfig
 from vllm.core.scheduler import Scheduler
@@ -74,6 +74,22 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         # The engine's map of split requests; children are registered there.
         self.seq_id_to_seq_group = seq_id_to_seq_group
         self._hook_token_ids = special_kwargs.hook_token_ids
+        # Request ids the engine has processed in step `_processed_step`.
+        self._processed_step = -1
+        self._processed_ids: Set[str] = set()
+
+    def process_prompt_logprob(self, seq_group: SequenceGroup,
+                               outputs: List[SequenceGroupOutput]) -> None:
+        """Notes the group as processed this step, then as stock vLLM.
+
+        The engine calls this first for every group it processes in a step,
+        sampling or not.
+        """
+        step = self.hook_scheduler.num_steps
+        if step != self._processed_step:
+            self._processed_step, self._processed_ids = step, set()
+        self._processed_ids.add(seq_group.request_id)
+        super().process_prompt_logprob(seq_group, outputs)
 
     def process_outputs(self, sequence_group: SequenceGroup,
                         outputs: List[SequenceGroupOutput],
@@ -209,9 +225,15 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
             self.hook_scheduler.abort_seq_group(child.request_id)
             tree.seq_groups.pop(child.request_id).set_finished_time(
                 time.time())
-            # The engine skips it from now on: no output will ask for it.
-            self.seq_id_to_seq_group.pop(child.request_id, None)
             child.finish_reason = "abort"
+            if not (self._processed_step == self.hook_scheduler.num_steps
+                    and child.request_id in self._processed_ids):
+                # The engine makes no output for it this step (it skips it
+                # as finished, or did not schedule it), so no output needs
+                # its entry. One processed earlier in this step still gets
+                # an output made, which the entry keeps empty; making it
+                # drops the entry (PromiseTree.finish_seq).
+                self.seq_id_to_seq_group.pop(child.request_id, None)
 
     def _result_text(self, seq: Sequence, node: PromiseNode,
                      seq_group: SequenceGroup) -> str:
