@@ -102,6 +102,10 @@ def check_engine_config(config: "VllmConfig") -> None:
     if model_config.skip_tokenizer_init:
         refuse("skip_tokenizer_init=True: merging children tokenizes their "
                "texts")
+    if config.scheduler_config.send_delta_data:
+        refuse("Ray SPMD workers with delta data (VLLM_USE_RAY_SPMD_WORKER=1"
+               "): a child's first step would reach workers as a delta for a "
+               "sequence they never saw")
     if not config.scheduler_config.chunked_prefill_enabled:
         refuse("a configuration without chunked prefill (the platform turned"
                " it off)")
