@@ -166,3 +166,58 @@ def test_special_kwargs_from_the_cli_as_json(tiny_model_path, hooks):
     config = EngineArgs.from_cli_args(args).create_engine_config()
     assert config.special_kwargs == SpecialKwargs(**hooks,
                                                   merge_separator=" ; ")
+
+
+def test_token_strings_are_resolved_at_start(tiny_model_path, hook_ids):
+    config = engine_config(tiny_model_path,
+                           special_kwargs={
+                               "sync_token": "<sync>",
+                               "promise_token": "<promise>",
+                               "child_role_token": "<child>"
+                           })
+    assert config.special_kwargs == SpecialKwargs(
+        sync_token_id=hook_ids.sync,
+        promise_token_id=hook_ids.promise,
+        child_role_token_id=hook_ids.child)
+
+
+@pytest.mark.parametrize(("token", "reason"), [
+    ("the cat", "not a single token"),
+    ("<nope>", "not a single token"),
+])
+def test_token_string_that_is_not_one_token_is_refused(tiny_model_path, token,
+                                                       reason):
+    with pytest.raises(ValueError, match=reason):
+        engine_config(tiny_model_path,
+                      special_kwargs={
+                          "sync_token": token,
+                          "promise_token": "<promise>"
+                      })
+
+
+@pytest.mark.parametrize(("values", "reason"), [
+    ({
+        "sync_token_id": 4,
+        "sync_token": "<sync>",
+        "promise_token_id": 5
+    }, "not both"),
+    ({
+        "promise_token_id": 5
+    }, "sync_token_id or sync_token is required"),
+    ({
+        "sync_token": "<x>",
+        "promise_token": "<x>"
+    }, "must differ"),
+])
+def test_token_ids_and_strings_are_checked(values, reason):
+    with pytest.raises(ValueError, match=reason):
+        SpecialKwargs(**values)
+
+
+def test_from_json_reads_what_the_cli_takes():
+    assert SpecialKwargs.from_json(
+        '{"sync_token": "<sync>", "promise_token_id": 5, "max_depth": 3}'
+    ) == SpecialKwargs(sync_token="<sync>", promise_token_id=5, max_depth=3)
+    with pytest.raises(ValueError, match="unknown_key"):
+        SpecialKwargs.from_json('{"sync_token_id": 4, "promise_token_id": 5,'
+                                ' "unknown_key": 1}')

@@ -103,7 +103,9 @@ def test_patched_shapes():
 
     factory = inspect.signature(
         SequenceGroupOutputProcessor.create_output_processor).parameters
-    assert list(factory)[-2:] == ["special_kwargs", "seq_id_to_seq_group"]
+    assert list(factory)[-3:] == [
+        "special_kwargs", "seq_id_to_seq_group", "served_model_name"
+    ]
     assert SequenceStatus.BLOCKED == 3
     assert SequenceStatus.FINISHED_STOPPED == 4
     group = SequenceGroup("0", [Sequence(0, token_inputs([1, 2]), 4)], 0.0)

@@ -5,29 +5,42 @@ Re-exported by `vllm.config`, which imports this module partway through
 `import vllm`: it must not import other vLLM modules.
 """
 
-from typing import Optional
+import dataclasses
+from typing import Any, Optional
 
-from pydantic import ConfigDict, model_validator
+from pydantic import ConfigDict, TypeAdapter, model_validator
 from pydantic.dataclasses import dataclass
+
+# The hook roles: each is given as a token id or as a token string.
+ROLES = ("sync", "promise", "child_role")
 
 
 @dataclass(config=ConfigDict(extra="forbid", strict=True))
 class SpecialKwargs:
     """Token ids and limits of sequence hooks.
 
-    A sequence that samples `promise_token_id` spawns a child sequence that
-    shares its context and KV cache; one that samples `sync_token_id` waits
+    A sequence that samples the promise token spawns a child sequence that
+    shares its context and KV cache; one that samples the sync token waits
     for its children, gets their output texts appended to its context and
-    resumes. Setting this on an engine turns the hooks on.
+    resumes. Setting this on an engine turns the hooks on. Each token is
+    given either as an id (`sync_token_id`) or as a token string
+    (`sync_token`), which the engine resolves through the model's tokenizer
+    at start.
     """
 
-    sync_token_id: int
+    sync_token_id: Optional[int] = None
     """Token that blocks a sequence until its children have finished."""
-    promise_token_id: int
+    promise_token_id: Optional[int] = None
     """Token that spawns a child sequence."""
     child_role_token_id: Optional[int] = None
-    """Token appended to each child's context right after the `<promise>`,
-    so the model can tell a child from its parent. None: no marker."""
+    """Token appended to each child's context right after the promise, so
+    the model can tell a child from its parent. None: no marker."""
+    sync_token: Optional[str] = None
+    """The sync token as a string of the tokenizer, instead of its id."""
+    promise_token: Optional[str] = None
+    """The promise token as a string of the tokenizer, instead of its id."""
+    child_role_token: Optional[str] = None
+    """The role marker as a string of the tokenizer, instead of its id."""
     merge_separator: str = "\n"
     """Text placed between the output texts of merged children."""
     max_children_per_sequence: int = 16
@@ -39,17 +52,28 @@ class SpecialKwargs:
 
     @model_validator(mode="after")
     def _check(self) -> "SpecialKwargs":
-        ids = {
-            "sync_token_id": self.sync_token_id,
-            "promise_token_id": self.promise_token_id,
-        }
-        if self.child_role_token_id is not None:
-            ids["child_role_token_id"] = self.child_role_token_id
+        for role in ROLES:
+            if (getattr(self, f"{role}_token_id") is not None
+                    and getattr(self, f"{role}_token") is not None):
+                raise ValueError(f"give {role}_token_id or {role}_token, "
+                                 "not both")
+        for role in ("sync", "promise"):
+            if (getattr(self, f"{role}_token_id") is None
+                    and getattr(self, f"{role}_token") is None):
+                raise ValueError(f"{role}_token_id or {role}_token is "
+                                 "required")
+        ids = self._ids()
         for name, token_id in ids.items():
             if token_id < 0:
                 raise ValueError(f"{name} must be >= 0, got {token_id}")
         if len(set(ids.values())) != len(ids):
             raise ValueError(f"special token ids must differ, got {ids}")
+        strings = [
+            s for s in (getattr(self, f"{role}_token") for role in ROLES)
+            if s is not None
+        ]
+        if len(set(strings)) != len(strings):
+            raise ValueError(f"special tokens must differ, got {strings}")
         for name in ("max_children_per_sequence", "max_children_per_request",
                      "max_depth"):
             if getattr(self, name) < 1:
@@ -57,13 +81,59 @@ class SpecialKwargs:
                     f"{name} must be >= 1, got {getattr(self, name)}")
         return self
 
+    def _ids(self) -> dict[str, int]:
+        return {
+            f"{role}_token_id": getattr(self, f"{role}_token_id")
+            for role in ROLES if getattr(self, f"{role}_token_id") is not None
+        }
+
+    @classmethod
+    def from_json(cls, text: str) -> "SpecialKwargs":
+        """Reads the JSON that `--special-kwargs` takes.
+
+        Raises:
+            ValueError: on invalid JSON, unknown keys, wrong types or values.
+        """
+        return TypeAdapter(cls).validate_json(text)
+
+    @property
+    def is_resolved(self) -> bool:
+        """Whether every token is given by id (no string left to look up)."""
+        return all(getattr(self, f"{role}_token") is None for role in ROLES)
+
+    def resolve(self, tokenizer: Any) -> "SpecialKwargs":
+        """Returns a copy with token strings replaced by their ids.
+
+        Args:
+            tokenizer: The model's (Hugging Face) tokenizer.
+
+        Raises:
+            ValueError: if a string is not exactly one token of the
+                tokenizer.
+        """
+        changes: dict[str, Optional[int]] = {}
+        for role in ROLES:
+            token = getattr(self, f"{role}_token")
+            if token is None:
+                continue
+            token_id = tokenizer.convert_tokens_to_ids(token)
+            if (not isinstance(token_id, int)
+                    or tokenizer.convert_ids_to_tokens(token_id) != token):
+                pieces = tokenizer.tokenize(token)
+                raise ValueError(
+                    f"{role}_token {token!r} is not a single token of the "
+                    f"model's tokenizer (it splits into {pieces!r})")
+            changes[f"{role}_token_id"] = token_id
+            changes[f"{role}_token"] = None
+        return dataclasses.replace(self, **changes)
+
     @property
     def hook_token_ids(self) -> frozenset[int]:
-        """The ids this configuration gives a meaning to."""
-        ids = {self.sync_token_id, self.promise_token_id}
-        if self.child_role_token_id is not None:
-            ids.add(self.child_role_token_id)
-        return frozenset(ids)
+        """The ids this configuration gives a meaning to (once resolved)."""
+        if not self.is_resolved:
+            raise ValueError("special_kwargs has token strings left; "
+                             "resolve them with the tokenizer first")
+        return frozenset(self._ids().values())
 
     def check_vocab_size(self, vocab_size: int) -> None:
         """Raises ValueError unless every hook token id is in the vocabulary.

@@ -35,6 +35,9 @@ class SequenceHookScheduler(Scheduler):
         # Told of a group of a promise tree that the scheduler finished
         # itself (FINISHED_IGNORED), which no output processing will see.
         self.finish_callback: Optional[Callable[[SequenceGroup], None]] = None
+        # Told of each group of a promise tree an abort_seq_group call
+        # finished (engine-level aborts bypass output processing).
+        self.abort_callback: Optional[Callable[[SequenceGroup], None]] = None
         # Steps scheduled so far: tells one step's output processing from
         # the next.
         self.num_steps = 0
@@ -137,7 +140,16 @@ class SequenceHookScheduler(Scheduler):
                        if parked_id in groups else parked_id)
             if real_id in request_ids:
                 self.unblock(self.blocked[parked_id])
+        tree_groups = [
+            seq_group for queue in (self.waiting, self.running, self.swapped)
+            for seq_group in queue if seq_group.promise_tree is not None
+        ]
         super().abort_seq_group(request_ids, seq_id_to_seq_group)
+        if self.abort_callback is not None:
+            for seq_group in tree_groups:
+                if seq_group.first_seq.status == (
+                        SequenceStatus.FINISHED_ABORTED):
+                    self.abort_callback(seq_group)
 
     def has_unfinished_seqs(self) -> bool:
         return super().has_unfinished_seqs() or bool(self.blocked)

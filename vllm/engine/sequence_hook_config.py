@@ -8,11 +8,10 @@ configuration the hooks cannot serve fails at start with a reason.
 
 from typing import TYPE_CHECKING, Union
 
-from pydantic import TypeAdapter
-
 import vllm.envs as envs
 from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
 from vllm.special_kwargs import SpecialKwargs
+from vllm.transformers_utils.tokenizer import get_tokenizer
 from vllm.utils import resolve_obj_by_qualname
 
 if TYPE_CHECKING:
@@ -33,7 +32,7 @@ def as_special_kwargs(value: Union[SpecialKwargs, dict, str]) -> SpecialKwargs:
     if isinstance(value, SpecialKwargs):
         return value
     if isinstance(value, str):
-        return TypeAdapter(SpecialKwargs).validate_json(value)
+        return SpecialKwargs.from_json(value)
     if isinstance(value, dict):
         return SpecialKwargs(**value)
     raise ValueError("special_kwargs must be SpecialKwargs, a dict or a JSON "
@@ -82,7 +81,7 @@ def prepare_engine_args(args: "EngineArgs") -> None:
 
 
 def check_engine_config(config: "VllmConfig") -> None:
-    """Refuses a built configuration the hooks cannot serve.
+    """Resolves token strings; refuses what the hooks cannot serve.
 
     Args:
         config: The engine configuration, with `special_kwargs` set.
@@ -112,6 +111,13 @@ def check_engine_config(config: "VllmConfig") -> None:
     if model_config.use_async_output_proc:
         refuse("async output processing")
     try:
+        if not config.special_kwargs.is_resolved:
+            tokenizer = get_tokenizer(
+                model_config.tokenizer,
+                tokenizer_mode=model_config.tokenizer_mode,
+                trust_remote_code=model_config.trust_remote_code,
+                revision=model_config.tokenizer_revision)
+            config.special_kwargs = config.special_kwargs.resolve(tokenizer)
         config.special_kwargs.check_vocab_size(model_config.get_vocab_size())
     except ValueError as e:
         raise ValueError(f"special_kwargs: {e}") from e

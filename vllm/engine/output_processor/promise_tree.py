@@ -40,6 +40,8 @@ class PromiseNode:
     num_merged: int = 0
     # Tokens appended to this sequence by its merges.
     num_merged_tokens: int = 0
+    # When it was last parked by <sync> (time.monotonic()).
+    blocked_since: float = field(default=0.0, repr=False)
 
     @property
     def is_finished(self) -> bool:

@@ -11,6 +11,7 @@ from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
 from vllm.engine.output_processor.promise_tree import PromiseNode, PromiseTree
 from vllm.engine.output_processor.single_step import SingleStepOutputProcessor
 from vllm.engine.output_processor.stop_checker import StopChecker
+from vllm.engine.sequence_hook_metrics import SequenceHookMetrics
 from vllm.logger import init_logger
 from vllm.sequence import (Logprob, Sequence, SequenceGroup, SequenceGroupBase,
                            SequenceGroupOutput, SequenceStatus)
@@ -54,11 +55,15 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
     finishes aborts its unfinished descendants.
     """
 
-    def __init__(self, scheduler_config: SchedulerConfig,
-                 detokenizer: Detokenizer, scheduler: List[Scheduler],
-                 seq_counter: Counter, stop_checker: StopChecker,
+    def __init__(self,
+                 scheduler_config: SchedulerConfig,
+                 detokenizer: Detokenizer,
+                 scheduler: List[Scheduler],
+                 seq_counter: Counter,
+                 stop_checker: StopChecker,
                  special_kwargs: SpecialKwargs,
-                 seq_id_to_seq_group: Dict[str, SequenceGroupBase]):
+                 seq_id_to_seq_group: Dict[str, SequenceGroupBase],
+                 served_model_name: str = ""):
         super().__init__(scheduler_config, detokenizer, scheduler, seq_counter,
                          stop_checker)
         if len(scheduler) != 1 or not isinstance(scheduler[0],
@@ -70,6 +75,8 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
                              "children's texts (skip_tokenizer_init=False)")
         self.hook_scheduler: SequenceHookScheduler = scheduler[0]
         self.hook_scheduler.finish_callback = self._finish
+        self.hook_scheduler.abort_callback = self._record_abort
+        self.metrics = SequenceHookMetrics(served_model_name)
         self.special_kwargs = special_kwargs
         # The engine's map of split requests; children are registered there.
         self.seq_id_to_seq_group = seq_id_to_seq_group
@@ -134,6 +141,7 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
                 or tree.num_spawned >= limits.max_children_per_request
                 or node.depth >= limits.max_depth):
             tree.num_refused += 1
+            self.metrics.promises_refused.inc()
             logger.debug("request %s: promise refused by a limit",
                          tree.group_id)
             return
@@ -179,6 +187,8 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         tree.nodes[child_id] = child_node
         tree.num_spawned += 1
         tree.seq_groups[child_id] = child_group
+        self.metrics.promises_spawned.inc()
+        self.metrics.children_running.inc()
         self.seq_id_to_seq_group[child_id] = tree
 
     def _sync(self, seq_group: SequenceGroup) -> None:
@@ -193,6 +203,8 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
             self._merge(seq_group, node)
         else:
             self.hook_scheduler.block(seq_group)
+            node.blocked_since = time.monotonic()
+            self.metrics.syncs_blocked.inc()
 
     def _finish(self, seq_group: SequenceGroup) -> None:
         """Records a finished sequence of a tree and wakes its parent."""
@@ -204,6 +216,7 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         node.finish_reason = SequenceStatus.get_finished_reason(seq.status)
         if node.parent is None:
             return
+        self.metrics.children_running.dec()
         node.token_ids = list(
             seq.get_output_token_ids()[node.fork_output_len:])
         node.text = self._result_text(seq, node, seq_group)
@@ -214,6 +227,8 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
                         for child in node.parent.unmerged_children())):
             self._merge(parent_group, node.parent)
             self.hook_scheduler.unblock(parent_group)
+            self.metrics.blocked_time.observe(time.monotonic() -
+                                              node.parent.blocked_since)
 
     def _abort_descendants(self, tree: PromiseTree, node: PromiseNode) -> None:
         for child in node.children:
@@ -221,11 +236,9 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
                 continue
             self._abort_descendants(tree, child)
             # Aborted by its own id: stock abort resolves registered ids to
-            # the request's, so the map is left out.
+            # the request's, so the map is left out. The scheduler reports
+            # it to _record_abort.
             self.hook_scheduler.abort_seq_group(child.request_id)
-            tree.seq_groups.pop(child.request_id).set_finished_time(
-                time.time())
-            child.finish_reason = "abort"
             if not (self._processed_step == self.hook_scheduler.num_steps
                     and child.request_id in self._processed_ids):
                 # The engine makes no output for it this step (it skips it
@@ -234,6 +247,17 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
                 # an output made, which the entry keeps empty; making it
                 # drops the entry (PromiseTree.finish_seq).
                 self.seq_id_to_seq_group.pop(child.request_id, None)
+
+    def _record_abort(self, seq_group: SequenceGroup) -> None:
+        """Records an aborted group of a tree, whoever aborted it."""
+        tree = seq_group.promise_tree
+        node = tree.nodes[seq_group.request_id]
+        del tree.seq_groups[node.request_id]
+        node.finish_reason = "abort"
+        # Tracing reads it; no output is made for an aborted child.
+        seq_group.set_finished_time(time.time())
+        if node.parent is not None:
+            self.metrics.children_running.dec()
 
     def _result_text(self, seq: Sequence, node: PromiseNode,
                      seq_group: SequenceGroup) -> str:
@@ -279,6 +303,7 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
             params.seed = derive_seed(params.seed, f"resume-{node.num_merged}")
         self._append_given_tokens(seq, params, token_ids)
         node.num_merged_tokens += len(token_ids)
+        self.metrics.merged_tokens.inc(len(token_ids))
 
     def _append_given_tokens(self, seq: Sequence, params,
                              token_ids: List[int]) -> None:

@@ -1,0 +1,77 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Prometheus metrics of sequence hooks, exported with vLLM's own metrics.
+
+They are created in the engine process; with `vllm serve` (V0, its engine
+in a process of its own) prometheus_client's multiprocess mode carries them
+to the API server's `/metrics`, as it does for vLLM's V0 metrics.
+"""
+
+from typing import Any
+
+import prometheus_client
+
+# Upper bounds (seconds) of the blocked-time histogram's buckets.
+BLOCKED_TIME_BUCKETS = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0
+]
+
+# The collectors of this process, by name: created once, shared by every
+# engine (each labels them with its model name).
+_COLLECTORS: dict[str, Any] = {}
+
+
+def _collector(cls, name: str, documentation: str, **kwargs):
+    """Returns the process's collector ``name``, registered.
+
+    vLLM's own `Metrics` unregisters every "vllm" collector when an engine
+    starts; registering the same object again keeps its values.
+    """
+    if name not in _COLLECTORS:
+        _COLLECTORS[name] = cls(name,
+                                documentation,
+                                labelnames=["model_name"],
+                                registry=None,
+                                **kwargs)
+    collector = _COLLECTORS[name]
+    registry = prometheus_client.REGISTRY
+    if collector not in registry._collector_to_names:
+        registry.register(collector)
+    return collector
+
+
+class SequenceHookMetrics:
+    """The hook counters, gauge and histogram of one engine.
+
+    Args:
+        model_name: The served model name, the `model_name` label.
+    """
+
+    def __init__(self, model_name: str):
+        labels = {"model_name": model_name}
+        self.promises_spawned = _collector(
+            prometheus_client.Counter, "vllm:sequence_hook_promises_spawned",
+            "Children spawned by <promise>.").labels(**labels)
+        self.promises_refused = _collector(
+            prometheus_client.Counter,
+            "vllm:sequence_hook_promises_refused",
+            "Promises that spawned nothing because a limit was reached.",
+        ).labels(**labels)
+        self.syncs_blocked = _collector(
+            prometheus_client.Counter,
+            "vllm:sequence_hook_syncs_blocked",
+            "Syncs that parked their sequence until its children finished.",
+        ).labels(**labels)
+        self.blocked_time = _collector(
+            prometheus_client.Histogram,
+            "vllm:sequence_hook_blocked_time_seconds",
+            "Time a sequence spent parked by <sync>.",
+            buckets=BLOCKED_TIME_BUCKETS).labels(**labels)
+        self.children_running = _collector(
+            prometheus_client.Gauge,
+            "vllm:sequence_hook_children_running",
+            "Child sequences alive now (running, waiting or parked).",
+            multiprocess_mode="sum").labels(**labels)
+        self.merged_tokens = _collector(
+            prometheus_client.Counter, "vllm:sequence_hook_merged_tokens",
+            "Tokens appended to parents by merges.").labels(**labels)
