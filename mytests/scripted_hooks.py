@@ -83,3 +83,24 @@ class ScriptedHooks:
             logits.fill_(-float("inf"))
             logits[forced] = 0.0
         return logits
+
+
+def from_role_plans(role_plans: list, promise_id: int, child_id: int,
+                    eos_id: int, masked_ids: list) -> ScriptedHooks:
+    """Builds `ScriptedHooks` from JSON-friendly arguments.
+
+    The OpenAI server builds per-request logits processors from a qualified
+    name and JSON arguments (`logits_processors` in the request body, with
+    `--logits-processor-pattern`), and JSON has no tuple keys.
+
+    Args:
+        role_plans: `[[role path as a list, plan], ...]`.
+        promise_id: The `<promise>` token id.
+        child_id: The role marker.
+        eos_id: Forced when a plan runs out.
+        masked_ids: Ids never chosen on a free step.
+    """
+    return ScriptedHooks({
+        tuple(role): plan
+        for role, plan in role_plans
+    }, promise_id, child_id, eos_id, masked_ids)

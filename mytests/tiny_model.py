@@ -33,6 +33,9 @@ WORDS = [
 # Long enough for the tests, short enough for rotary tables to stay in
 # bounds: never serve it with a larger max_model_len.
 MAX_POSITIONS = 512
+# Chat prompts: the messages' contents, one after the other.
+CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }} "
+                 "{% endfor %}")
 
 
 @dataclass(frozen=True)
@@ -51,17 +54,20 @@ class TinyModelSpec:
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
-    """Returns the word-level fast tokenizer with the hook tokens."""
+    """Returns the word-level fast tokenizer with the hook tokens and a
+    chat template."""
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + WORDS)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=BOS,
         eos_token=EOS,
         unk_token=UNK,
         pad_token=PAD,
         additional_special_tokens=[SYNC, PROMISE, CHILD])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
 
 
 def build_tiny_model(path: Path, spec: Optional[TinyModelSpec] = None) -> Path:

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """A V0 scheduler that can park sequence groups while their children run."""
 
-from typing import Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import (Any, Callable, Dict, Iterable, List, Optional, Set, Tuple,
+                    Union)
 
 from vllm.core.interfaces import AllocStatus
 from vllm.core.scheduler import Scheduler, SchedulerOutputs
@@ -38,6 +39,8 @@ class SequenceHookScheduler(Scheduler):
         # Told of each group of a promise tree an abort_seq_group call
         # finished (engine-level aborts bypass output processing).
         self.abort_callback: Optional[Callable[[SequenceGroup], None]] = None
+        # Set to the fraction of KV blocks in use whenever it may change.
+        self.kv_usage_gauge: Optional[Any] = None
         # Steps scheduled so far: tells one step's output processing from
         # the next.
         self.num_steps = 0
@@ -100,7 +103,18 @@ class SequenceHookScheduler(Scheduler):
             for seq_group in outputs.ignored_seq_groups:
                 if seq_group.promise_tree is not None:
                     self.finish_callback(seq_group)
+        self._report_kv_usage()
         return metadata, outputs, allow_async
+
+    def free_finished_seq_groups(self) -> None:
+        super().free_finished_seq_groups()
+        self._report_kv_usage()
+
+    def _report_kv_usage(self) -> None:
+        if self.kv_usage_gauge is not None:
+            total = self.block_manager.num_total_gpu_blocks
+            free = self.block_manager.get_num_free_gpu_blocks()
+            self.kv_usage_gauge.set(1.0 - free / total)
 
     def _evict_parked_if_stuck(self) -> None:
         """Frees parked groups' blocks while they alone stop all progress.
@@ -150,6 +164,7 @@ class SequenceHookScheduler(Scheduler):
                 if seq_group.first_seq.status == (
                         SequenceStatus.FINISHED_ABORTED):
                     self.abort_callback(seq_group)
+        self._report_kv_usage()
 
     def has_unfinished_seqs(self) -> bool:
         return super().has_unfinished_seqs() or bool(self.blocked)

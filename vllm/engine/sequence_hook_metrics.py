@@ -72,6 +72,12 @@ class SequenceHookMetrics:
             "vllm:sequence_hook_children_running",
             "Child sequences alive now (running, waiting or parked).",
             multiprocess_mode="sum").labels(**labels)
+        self.kv_cache_usage = _collector(
+            prometheus_client.Gauge,
+            "vllm:sequence_hook_kv_cache_usage_perc",
+            "Fraction of KV cache blocks in use, parked parents' included "
+            "(vLLM 0.9.2 exports no KV usage on the CPU).",
+            multiprocess_mode="sum").labels(**labels)
         self.merged_tokens = _collector(
             prometheus_client.Counter, "vllm:sequence_hook_merged_tokens",
             "Tokens appended to parents by merges.").labels(**labels)

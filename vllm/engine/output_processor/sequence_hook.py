@@ -77,6 +77,7 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         self.hook_scheduler.finish_callback = self._finish
         self.hook_scheduler.abort_callback = self._record_abort
         self.metrics = SequenceHookMetrics(served_model_name)
+        self.hook_scheduler.kv_usage_gauge = self.metrics.kv_cache_usage
         self.special_kwargs = special_kwargs
         # The engine's map of split requests; children are registered there.
         self.seq_id_to_seq_group = seq_id_to_seq_group
