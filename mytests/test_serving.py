@@ -256,3 +256,14 @@ def test_bad_special_kwargs_stop_the_server_at_start(tiny_model_path,
                             env=server_env())
     assert result.returncode != 0
     assert message in result.stdout + result.stderr
+
+
+def test_flag_is_listed_in_serve_help():
+    result = subprocess.run([VLLM, "serve", "--help=VllmConfig"],
+                            capture_output=True,
+                            text=True,
+                            timeout=STARTUP_SECONDS,
+                            env=server_env())
+    assert result.returncode == 0
+    assert "--special-kwargs" in result.stdout
+    assert "Sequence hooks:" in result.stdout
