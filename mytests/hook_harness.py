@@ -12,7 +12,7 @@ groups, free finished groups, forget finished ids.
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from vllm.config import CacheConfig, SchedulerConfig, SpecialKwargs
 from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
@@ -105,13 +105,16 @@ class HookHarness:
 
     def step(self,
              sampled: Optional[dict[str, int]] = None,
-             default_token: Optional[int] = None) -> list[Scheduled]:
+             default_token: Optional[int] = None,
+             choose: Optional[Callable[[SequenceGroup], int]] = None
+             ) -> list[Scheduled]:
         """Runs one engine step.
 
         Args:
             sampled: Token each request id samples this step; others sample
                 ``default_token`` (the id of "the" if None).
             default_token: Token for requests not in ``sampled``.
+            choose: If given, picks every group's token instead.
 
         Returns:
             What the scheduler handed out this step, in its order.
@@ -133,7 +136,8 @@ class HookHarness:
                 Scheduled(group.request_id, item.token_chunk_size,
                           metadata.is_prompt))
             group.update_num_computed_tokens(item.token_chunk_size)
-            token = sampled.get(group.request_id, default_token)
+            token = (choose(group) if choose else sampled.get(
+                group.request_id, default_token))
             sample = SequenceOutput(group.first_seq.seq_id, token,
                                     {token: Logprob(0.0)})
             output = [CompletionSequenceGroupOutput([sample], None)]

@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Property-based: random promise trees on the real scheduler, no model.
+
+Hypothesis draws a KV cache size, hook limits, requests and a seed; a
+seeded policy then picks every group's token at every step (promise,
+sync, EOS or a word) and aborts random requests at random steps. After
+each case: every KV block is free, no group is parked or queued, no
+registry entry is left, no child produced an output, every request that
+was not aborted produced exactly one final output. The number of examples
+comes from HOOK_FUZZ_EXAMPLES (CI default below; see docs/reliability.md
+for the long run).
+"""
+
+import os
+import random
+
+from hook_harness import HookHarness
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vllm.config import SpecialKwargs
+from vllm.sampling_params import SamplingParams
+from vllm.sequence import SequenceStatus
+
+EXAMPLES = int(os.environ.get("HOOK_FUZZ_EXAMPLES", "40"))
+MAX_STEPS = 3000
+WORDS = ["the", "cat", "sees", "dog", "big", "red", "one", "two"]
+
+cases = st.fixed_dictionaries({
+    "seed": st.integers(0, 2**32 - 1),
+    "num_gpu_blocks": st.sampled_from([6, 10, 16, 64]),
+    "requests": st.integers(1, 6),
+    "max_tokens": st.integers(4, 40),
+    "max_children_per_sequence": st.integers(1, 4),
+    "max_children_per_request": st.integers(1, 8),
+    "max_depth": st.integers(1, 3),
+    "promise_p": st.floats(0.0, 0.4),
+    "sync_p": st.floats(0.0, 0.4),
+    "eos_p": st.floats(0.0, 0.2),
+    "abort_p": st.floats(0.0, 0.05),
+})
+
+
+@settings(max_examples=EXAMPLES,
+          deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases)
+def test_random_trees_leave_nothing_behind(tiny_tokenizer_path, hook_ids,
+                                           case):
+    rng = random.Random(case["seed"])
+    harness = HookHarness(
+        tiny_tokenizer_path,
+        SpecialKwargs(
+            sync_token_id=hook_ids.sync,
+            promise_token_id=hook_ids.promise,
+            max_children_per_sequence=case["max_children_per_sequence"],
+            max_children_per_request=case["max_children_per_request"],
+            max_depth=case["max_depth"]),
+        num_gpu_blocks=case["num_gpu_blocks"],
+        max_model_len=64)
+    words = [harness.tokenizer.convert_tokens_to_ids(w) for w in WORDS]
+    roots = [f"r{i}" for i in range(case["requests"])]
+    for request_id in roots:
+        harness.add(
+            request_id, " ".join(rng.choices(WORDS, k=rng.randint(1, 6))),
+            SamplingParams(temperature=0.0, max_tokens=case["max_tokens"]))
+
+    def choose(group) -> int:
+        draw = rng.random()
+        for token, p in ((hook_ids.promise, case["promise_p"]),
+                         (hook_ids.sync, case["sync_p"]),
+                         (hook_ids.eos, case["eos_p"])):
+            if draw < p:
+                return token
+            draw -= p
+        return rng.choice(words)
+
+    aborted = set()
+    free_blocks = harness.free_blocks()
+    for _ in range(MAX_STEPS):
+        if not harness.scheduler.has_unfinished_seqs():
+            break
+        if rng.random() < case["abort_p"]:
+            victim = rng.choice(roots)
+            aborted.add(victim)
+            harness.scheduler.abort_seq_group(victim,
+                                              harness.seq_id_to_seq_group)
+        harness.step(choose=choose)
+        for group in harness.scheduler.blocked.values():
+            assert group.first_seq.status == SequenceStatus.BLOCKED
+    else:
+        raise AssertionError(f"not done after {MAX_STEPS} steps: {case}")
+    harness.step()  # the engine forgets finished ids at the next step
+
+    scheduler = harness.scheduler
+    assert harness.free_blocks() == free_blocks
+    assert not (scheduler.running or scheduler.waiting or scheduler.swapped
+                or scheduler.blocked)
+    assert harness.seq_id_to_seq_group == {}
+    assert harness.output_request_ids <= set(roots)
+    finished = [output.request_id for output in harness.finished_outputs]
+    assert len(finished) == len(set(finished))
+    assert set(roots) - aborted <= set(finished)
