@@ -221,7 +221,11 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         node.token_ids = list(
             seq.get_output_token_ids()[node.fork_output_len:])
         node.text = self._result_text(seq, node, seq_group)
-        parent_group = tree.seq_groups[node.parent.request_id]
+        parent_group = tree.seq_groups.get(node.parent.request_id)
+        if parent_group is None:
+            # The scheduler ignored parent and child in the same step, and
+            # the parent was recorded first.
+            return
         parent_seq = parent_group.first_seq
         if (parent_seq.status == SequenceStatus.BLOCKED
                 and all(child.is_finished
@@ -233,7 +237,10 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
 
     def _abort_descendants(self, tree: PromiseTree, node: PromiseNode) -> None:
         for child in node.children:
-            if child.is_finished:
+            if (child.is_finished
+                    or tree.seq_groups[child.request_id].is_finished()):
+                # Finished, or ignored by the scheduler in this step and
+                # about to be recorded (with its subtree) by _finish.
                 continue
             self._abort_descendants(tree, child)
             # Aborted by its own id: stock abort resolves registered ids to
