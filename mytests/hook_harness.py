@@ -103,11 +103,12 @@ class HookHarness:
         self.scheduler.add_seq_group(group)
         return group
 
-    def step(self,
-             sampled: Optional[dict[str, int]] = None,
-             default_token: Optional[int] = None,
-             choose: Optional[Callable[[SequenceGroup], int]] = None
-             ) -> list[Scheduled]:
+    def step(
+        self,
+        sampled: Optional[dict[str, int]] = None,
+        default_token: Optional[int] = None,
+        choose: Optional[Callable[[SequenceGroup], int]] = None
+    ) -> list[Scheduled]:
         """Runs one engine step.
 
         Args:

@@ -289,3 +289,21 @@ def test_engine_abort_leaves_no_child_counted(hooked_llm, hook_ids):
     engine.step()
     assert hook_metric(hooked_llm, "children_running") == running_before
     assert_engine_clean(hooked_llm)
+
+
+def test_parallel_samples_each_run_their_own_tree(hooked_llm, hook_ids):
+    plans = programs(hook_ids)["several promises"]
+    params = SamplingParams(n=2,
+                            temperature=1.0,
+                            seed=3,
+                            max_tokens=64,
+                            logits_processors=[scripted(plans, hook_ids)])
+    [output] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
+    assert len(output.outputs) == 2
+    for completion in output.outputs:
+        assert completion.finish_reason == "stop"
+        # The parent sampled its plan and EOS; the rest was merged.
+        assert len(completion.token_ids) > len(plans[()]) + 1
+    # Per-sample trees are not reported for n > 1 (docs/sequence-hooks.md).
+    assert output.promise_tree is None
+    assert_engine_clean(hooked_llm)

@@ -1,0 +1,74 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A KV cache so small that children force preemption and parked parents
+hold scarce blocks: every request finishes, greedy outputs equal the same
+requests on a large cache, and requests that can never fit are refused the
+way stock vLLM refuses them."""
+
+import pytest
+from oracle import scripted
+from test_end_to_end import assert_engine_clean, run_hooked
+
+from vllm import SamplingParams
+
+BLOCK_SIZE = 16
+NUM_BLOCKS = 12
+PROMPTS = ["the cat sees", "one two three", "big red dog", "a small bird"]
+
+
+@pytest.fixture(scope="module")
+def small_cache_llm(tiny_model_path, hook_ids):
+    from vllm import LLM
+    from vllm.config import SpecialKwargs
+    return LLM(model=str(tiny_model_path),
+               max_model_len=160,
+               enforce_eager=True,
+               dtype="float32",
+               seed=0,
+               block_size=BLOCK_SIZE,
+               num_gpu_blocks_override=NUM_BLOCKS,
+               special_kwargs=SpecialKwargs(
+                   sync_token_id=hook_ids.sync,
+                   promise_token_id=hook_ids.promise,
+                   child_role_token_id=hook_ids.child))
+
+
+def programs(ids):
+    P, S = ids.promise, ids.sync
+    return [{
+        (): [None, P, P, S] + [None] * 4,
+        (0, ): [None] * (20 + 5 * i),
+        (1, ): [None] * (30 - 5 * i),
+    } for i in range(len(PROMPTS))]
+
+
+def test_outputs_survive_preemption_unchanged(small_cache_llm, hooked_llm,
+                                              hook_ids):
+    scheduler = small_cache_llm.llm_engine.scheduler[0]
+    assert scheduler.block_manager.num_total_gpu_blocks == NUM_BLOCKS
+    preemptions = scheduler.num_cumulative_preemption
+    small = run_hooked(small_cache_llm, hook_ids, PROMPTS, programs(hook_ids))
+    large = run_hooked(hooked_llm, hook_ids, PROMPTS, programs(hook_ids))
+    assert scheduler.num_cumulative_preemption > preemptions
+    for tight, roomy in zip(small, large):
+        assert tight.outputs[0].token_ids == roomy.outputs[0].token_ids
+        assert tight.outputs[0].finish_reason == "stop"
+        assert [c.token_ids for c in tight.promise_tree.children
+                ] == [c.token_ids for c in roomy.promise_tree.children]
+    assert_engine_clean(small_cache_llm)
+
+
+def test_request_that_can_never_fit_is_refused_like_stock(
+        small_cache_llm, hook_ids):
+    # max_model_len (160) fits the cache (192 tokens), as vLLM checks at
+    # start; a longer prompt is refused when it is added, hooks or not.
+    too_long = " ".join(["the"] * 161)
+    params = SamplingParams(temperature=0.0,
+                            max_tokens=8,
+                            logits_processors=[scripted({}, hook_ids)])
+    with pytest.raises(ValueError, match="longer than the maximum model"):
+        small_cache_llm.generate([too_long], params, use_tqdm=False)
+    assert_engine_clean(small_cache_llm)
+    [output] = small_cache_llm.generate(["the cat sees"],
+                                        params,
+                                        use_tqdm=False)
+    assert output.finished
