@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from engines import tiny_llm
 from tiny_model import CHILD, PROMISE, SYNC, build_tiny_model, build_tokenizer
 
 # Small KV cache (GiB) for the CPU engine; the tiny model needs little.
@@ -33,12 +34,7 @@ def tiny_model_path(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def plain_llm(tiny_model_path):
     """One stock-configured V0 engine over the tiny model for the session."""
-    from vllm import LLM
-    return LLM(model=str(tiny_model_path),
-               max_model_len=256,
-               enforce_eager=True,
-               dtype="float32",
-               seed=0)
+    return tiny_llm(tiny_model_path)
 
 
 @dataclass(frozen=True)
@@ -75,15 +71,4 @@ def hooked_llm(tiny_model_path, hook_ids):
 
     Stats logging is on, as in `vllm serve`, so every test runs through it.
     """
-    from vllm import LLM
-    from vllm.config import SpecialKwargs
-    return LLM(model=str(tiny_model_path),
-               disable_log_stats=False,
-               max_model_len=256,
-               enforce_eager=True,
-               dtype="float32",
-               seed=0,
-               special_kwargs=SpecialKwargs(
-                   sync_token_id=hook_ids.sync,
-                   promise_token_id=hook_ids.promise,
-                   child_role_token_id=hook_ids.child))
+    return tiny_llm(tiny_model_path, hook_ids, disable_log_stats=False)

@@ -20,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conftest import HookIds  # noqa: E402
+from engines import tiny_llm  # noqa: E402
 from oracle import reference, scripted  # noqa: E402
 from test_end_to_end import programs  # noqa: E402
 from tiny_model import CHILD, PROMISE, SYNC, build_tokenizer  # noqa: E402
@@ -33,22 +34,16 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_USE_V1", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
-    from vllm.config import SpecialKwargs
+    from vllm import SamplingParams
 
     tokenizer = build_tokenizer()
     ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
                   tokenizer.eos_token_id)
-    llm = LLM(model=args.model,
-              max_model_len=256,
-              enforce_eager=True,
-              dtype="float32",
-              seed=0,
-              tensor_parallel_size=args.tensor_parallel_size,
-              distributed_executor_backend=args.distributed_executor_backend,
-              special_kwargs=SpecialKwargs(sync_token_id=ids.sync,
-                                           promise_token_id=ids.promise,
-                                           child_role_token_id=ids.child))
+    llm = tiny_llm(
+        args.model,
+        ids,
+        tensor_parallel_size=args.tensor_parallel_size,
+        distributed_executor_backend=args.distributed_executor_backend)
     engine = llm.llm_engine
     named = programs(ids)
     outputs = llm.generate(["the cat sees"] * len(named), [

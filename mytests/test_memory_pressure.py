@@ -5,6 +5,7 @@ requests on a large cache, and requests that can never fit are refused the
 way stock vLLM refuses them."""
 
 import pytest
+from engines import tiny_llm
 from oracle import scripted
 from test_end_to_end import assert_engine_clean, run_hooked
 
@@ -17,19 +18,11 @@ PROMPTS = ["the cat sees", "one two three", "big red dog", "a small bird"]
 
 @pytest.fixture(scope="module")
 def small_cache_llm(tiny_model_path, hook_ids):
-    from vllm import LLM
-    from vllm.config import SpecialKwargs
-    return LLM(model=str(tiny_model_path),
-               max_model_len=160,
-               enforce_eager=True,
-               dtype="float32",
-               seed=0,
-               block_size=BLOCK_SIZE,
-               num_gpu_blocks_override=NUM_BLOCKS,
-               special_kwargs=SpecialKwargs(
-                   sync_token_id=hook_ids.sync,
-                   promise_token_id=hook_ids.promise,
-                   child_role_token_id=hook_ids.child))
+    return tiny_llm(tiny_model_path,
+                    hook_ids,
+                    max_model_len=160,
+                    block_size=BLOCK_SIZE,
+                    num_gpu_blocks_override=NUM_BLOCKS)
 
 
 def programs(ids):

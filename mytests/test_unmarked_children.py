@@ -8,6 +8,7 @@ parent's plan from the promise on.
 """
 
 import pytest
+from engines import tiny_llm
 from oracle import scripted
 
 from vllm import SamplingParams
@@ -17,16 +18,10 @@ NONE = None
 
 @pytest.fixture(scope="module")
 def unmarked_llm(tiny_model_path, hook_ids):
-    from vllm import LLM
-    from vllm.config import SpecialKwargs
-    return LLM(model=str(tiny_model_path),
-               max_model_len=256,
-               enforce_eager=True,
-               dtype="float32",
-               seed=0,
-               disable_log_stats=False,
-               special_kwargs=SpecialKwargs(sync_token_id=hook_ids.sync,
-                                            promise_token_id=hook_ids.promise))
+    return tiny_llm(tiny_model_path,
+                    hook_ids,
+                    role_marker=False,
+                    disable_log_stats=False)
 
 
 def plans(ids):
