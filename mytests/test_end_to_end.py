@@ -307,3 +307,56 @@ def test_parallel_samples_each_run_their_own_tree(hooked_llm, hook_ids):
     # Per-sample trees are not reported for n > 1 (docs/sequence-hooks.md).
     assert output.promise_tree is None
     assert_engine_clean(hooked_llm)
+
+
+def test_promise_storm_stays_within_the_limits(hooked_llm, hook_ids):
+    # Every sequence promises at every step until its plan ends.
+    storm = [hook_ids.promise] * 24
+    plans = {(): storm + [hook_ids.sync, NONE]}
+    for k in range(16):
+        plans[(k, )] = storm[:4]
+        for j in range(4):
+            plans[(k, j)] = storm[:2]
+    [output] = run_hooked(hooked_llm,
+                          hook_ids, ["the cat sees"], [plans],
+                          max_tokens=200)
+    tree = output.promise_tree
+    # Defaults: 16 children per sequence, 64 per request, depth 2; which
+    # limit bites first depends on how the levels interleave.
+    assert 0 < len(tree.children) <= 16
+    assert sum(1 + len(child.children) for child in tree.children) == 64
+    assert all(not grandchild.children for child in tree.children
+               for grandchild in child.children)
+    assert output.outputs[0].finish_reason == "stop"
+    assert_engine_clean(hooked_llm)
+
+
+class EosBan:
+    """A logits processor with no `clone`: parent and children share it."""
+
+    def __init__(self, eos_id: int, min_len: int):
+        self.eos_id = eos_id
+        self.min_len = min_len
+        self.calls = 0
+
+    def __call__(self, output_ids, logits):
+        self.calls += 1
+        if len(output_ids) < self.min_len:
+            logits[self.eos_id] = -float("inf")
+        return logits
+
+
+def test_logits_processor_without_clone_is_shared(hooked_llm, hook_ids):
+    plans = programs(hook_ids)["one promise"]
+    shared = EosBan(hook_ids.eos, min_len=3)
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=64,
+        logits_processors=[scripted(plans, hook_ids), shared])
+    [output] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
+    [child] = output.promise_tree.children
+    # SamplingParams.clone keeps objects without `clone`: the one object
+    # ran for the parent's sampled tokens and the child's.
+    parent_sampled = len(plans[()]) + 1
+    assert shared.calls == parent_sampled + len(child.token_ids)
+    assert_engine_clean(hooked_llm)

@@ -75,3 +75,37 @@ def test_random_programs_match_the_oracle(hooked_llm, plain_llm, hook_ids,
         if output.promise_tree is not None:
             assert_finished_children_match(output.promise_tree, expected)
     assert_engine_clean(hooked_llm)
+
+
+@settings(max_examples=EXAMPLES,
+          deadline=None,
+          suppress_health_check=[
+              HealthCheck.function_scoped_fixture, HealthCheck.too_slow
+          ])
+@given(trees=st.lists(program(), min_size=1, max_size=len(PROMPTS)),
+       abort_steps=st.lists(st.integers(0, 30), max_size=len(PROMPTS)))
+def test_random_aborts_leave_the_engine_clean_and_usable(
+        hooked_llm, hook_ids, trees, abort_steps):
+    from oracle import scripted
+
+    from vllm import SamplingParams
+    engine = hooked_llm.llm_engine
+    request_ids = [f"fuzz-abort-{i}" for i in range(len(trees))]
+    for request_id, tree, prompt in zip(request_ids, trees, PROMPTS):
+        engine.add_request(
+            request_id, prompt,
+            SamplingParams(temperature=0.0,
+                           max_tokens=200,
+                           logits_processors=[
+                               scripted(plans_of(tree, hook_ids), hook_ids)
+                           ]))
+    aborts = dict(zip(abort_steps, request_ids))
+    for step in range(2000):
+        if step in aborts:
+            engine.abort_request(aborts[step])
+        if not engine.has_unfinished_requests():
+            break
+        for output in engine.step():
+            assert output.request_id in request_ids
+    engine.step()  # the engine forgets finished ids at its next step
+    assert_engine_clean(hooked_llm)

@@ -391,3 +391,22 @@ def test_child_processed_before_its_parent_finishes_makes_no_output(
     assert [o.request_id for o in harness.finished_outputs] == ["0"]
     assert harness.seq_id_to_seq_group == {}
     assert harness.free_blocks() == 64
+
+
+def test_child_stop_string_cuts_its_merged_text(harness, hook_ids):
+    parent = harness.add(
+        "0", PROMPT,
+        SamplingParams(temperature=0.0, max_tokens=32, stop=["dog"]))
+    harness.step()
+    harness.step({"0": hook_ids.promise})
+    child_id = children_of(parent)[0].request_id
+    harness.step({"0": hook_ids.sync, child_id: word(harness, "cat")})
+    harness.step({child_id: word(harness, "dog")})
+    [child] = children_of(parent)
+    assert child.finish_reason == "stop"
+    # The child's text stops before its stop string, as its output would.
+    assert child.text.split() == ["cat"]
+    seq = parent.first_seq
+    assert seq.get_output_token_ids()[-2:] == (hook_ids.sync,
+                                               word(harness, "cat"))
+    assert "dog" not in seq.output_text
