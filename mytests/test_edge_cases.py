@@ -88,6 +88,9 @@ def test_subclass_of_the_hook_scheduler_is_kept(tiny_model_path, hooks):
         ({
             "skip_tokenizer_init": True
         }, "skip_tokenizer_init"),
+        ({
+            "preemption_mode": "swap"
+        }, "preemption_mode='swap'"),
     ],
 )
 def test_conflicting_options_are_refused(tiny_model_path, hooks, options,

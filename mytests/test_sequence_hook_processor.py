@@ -410,3 +410,14 @@ def test_child_stop_string_cuts_its_merged_text(harness, hook_ids):
     assert seq.get_output_token_ids()[-2:] == (hook_ids.sync,
                                                word(harness, "cat"))
     assert "dog" not in seq.output_text
+
+
+def test_aborting_a_childs_own_id_aborts_its_whole_tree(harness, hook_ids):
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    child_id = children_of(parent)[0].request_id
+    # As the engine does when a child's input fails to process.
+    harness.scheduler.abort_seq_group(child_id, harness.seq_id_to_seq_group)
+    assert parent.first_seq.status == SequenceStatus.FINISHED_ABORTED
+    assert not harness.scheduler.running
+    assert harness.free_blocks() == 64

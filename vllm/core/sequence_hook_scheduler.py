@@ -56,6 +56,11 @@ class SequenceHookScheduler(Scheduler):
                 ``parent_seq``.
         """
         self.fork_seq(parent_seq, child_group.first_seq)
+        if self.cache_config.enable_prefix_caching:
+            # The block manager's fork does not enter the child in the
+            # prefix-cache tracker, whose removal (any free) asserts it is
+            # there; a scheduled sequence enters it this way.
+            self.block_manager.get_num_cached_tokens(child_group.first_seq)
         self.running.append(child_group)
 
     def prefill_tail(self, seq: Sequence) -> None:
@@ -149,6 +154,10 @@ class SequenceHookScheduler(Scheduler):
         request_ids = {request_id} if isinstance(request_id,
                                                  str) else set(request_id)
         groups = seq_id_to_seq_group or {}
+        # A registered id (a child's, when the engine aborts it because its
+        # input failed) stands for its whole request, whose id the stock
+        # abort matches.
+        request_ids |= {groups[r].group_id for r in request_ids if r in groups}
         for parked_id in list(self.blocked):
             real_id = (groups[parked_id].group_id
                        if parked_id in groups else parked_id)

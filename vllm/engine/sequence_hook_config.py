@@ -60,6 +60,10 @@ def prepare_engine_args(args: "EngineArgs") -> None:
     if args.pipeline_parallel_size > 1:
         refuse("pipeline parallelism > 1: hooks park and resume groups in "
                "the one scheduler")
+    if args.preemption_mode == "swap":
+        refuse("preemption_mode='swap': parked parents could hold the blocks "
+               "swapped-out children need to come back; hooks preempt by "
+               "recompute")
     if args.enable_chunked_prefill is False:
         refuse("enable_chunked_prefill=False: a resumed parent prefills its "
                "merged tokens on top of its KV cache as a prefill chunk")

@@ -307,7 +307,9 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         token_ids = token_ids[:max(room, 0)]
         # The resume prefills output tokens; the prompt's logprobs are done.
         params.prompt_logprobs = None
-        if token_ids and params.seed is not None:
+        # A resume that prefills (merged tokens, or a parent evicted while
+        # parked) re-creates the generator: give it a fresh seed.
+        if params.seed is not None and (token_ids or seq.is_prefill()):
             params.seed = derive_seed(params.seed, f"resume-{node.num_merged}")
         self._append_given_tokens(seq, params, token_ids)
         node.num_merged_tokens += len(token_ids)
