@@ -224,3 +224,12 @@ def test_from_json_reads_what_the_cli_takes():
     with pytest.raises(ValueError, match="unknown_key"):
         SpecialKwargs.from_json('{"sync_token_id": 4, "promise_token_id": 5,'
                                 ' "unknown_key": 1}')
+
+
+def test_hook_token_equal_to_eos_is_refused(tiny_model_path, hook_ids):
+    with pytest.raises(ValueError, match="end-of-sequence"):
+        engine_config(tiny_model_path,
+                      special_kwargs={
+                          "sync_token_id": hook_ids.eos,
+                          "promise_token_id": hook_ids.promise
+                      })

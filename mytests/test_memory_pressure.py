@@ -13,6 +13,7 @@ from vllm import SamplingParams
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 12
+MAX_STEPS = 5000
 PROMPTS = ["the cat sees", "one two three", "big red dog", "a small bird"]
 
 
@@ -36,17 +37,33 @@ def programs(ids):
 
 def test_outputs_survive_preemption_unchanged(small_cache_llm, hooked_llm,
                                               hook_ids):
-    scheduler = small_cache_llm.llm_engine.scheduler[0]
+    engine = small_cache_llm.llm_engine
+    scheduler = engine.scheduler[0]
     assert scheduler.block_manager.num_total_gpu_blocks == NUM_BLOCKS
     preemptions = scheduler.num_cumulative_preemption
-    small = run_hooked(small_cache_llm, hook_ids, PROMPTS, programs(hook_ids))
+    for i, (prompt, plans) in enumerate(zip(PROMPTS, programs(hook_ids))):
+        engine.add_request(
+            f"tight-{i}", prompt,
+            SamplingParams(temperature=0.0,
+                           max_tokens=64,
+                           logits_processors=[scripted(plans, hook_ids)]))
+    small = {}
+    # Bounded: a deadlock fails here instead of hanging.
+    for _ in range(MAX_STEPS):
+        if not engine.has_unfinished_requests():
+            break
+        small.update((o.request_id, o) for o in engine.step() if o.finished)
+    else:
+        raise AssertionError(f"not finished after {MAX_STEPS} steps")
     large = run_hooked(hooked_llm, hook_ids, PROMPTS, programs(hook_ids))
     assert scheduler.num_cumulative_preemption > preemptions
-    for tight, roomy in zip(small, large):
+    for i, roomy in enumerate(large):
+        tight = small[f"tight-{i}"]
         assert tight.outputs[0].token_ids == roomy.outputs[0].token_ids
         assert tight.outputs[0].finish_reason == "stop"
         assert [c.token_ids for c in tight.promise_tree.children
                 ] == [c.token_ids for c in roomy.promise_tree.children]
+    engine.step()  # the engine forgets finished ids at its next step
     assert_engine_clean(small_cache_llm)
 
 

@@ -51,6 +51,8 @@ class TinyModelSpec:
     num_layers: int = 2
     # Multiplier on the random weights: larger means wider logit margins.
     weight_scale: float = 4.0
+    # Rotary table length: never serve with a larger max_model_len.
+    max_positions: int = MAX_POSITIONS
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -88,7 +90,7 @@ def build_tiny_model(path: Path, spec: Optional[TinyModelSpec] = None) -> Path:
                          num_hidden_layers=spec.num_layers,
                          num_attention_heads=spec.num_heads,
                          num_key_value_heads=spec.num_heads,
-                         max_position_embeddings=MAX_POSITIONS,
+                         max_position_embeddings=spec.max_positions,
                          bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id,

@@ -1,0 +1,167 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Fan-out latency: hooked fan-out vs sequential vs client-side join.
+
+A parent writes `a` tokens, promises k children of m tokens each, syncs and
+writes n more (scripted, so k, m and n are exact), on the tiny test model.
+Side by side in one run, for each (k, m):
+
+- hooks: one request on an engine with sequence hooks;
+- sequential: one plain request generating the same a + k*m + n tokens;
+- client join: the way APR/ThreadWeaver-style systems do it on a stock
+  engine with prefix caching: the parent's prefix, then k requests sharing
+  it, then one request over the merged context.
+
+Every run applies the same scripted logits processor (hooks forced, the
+rest free with special tokens masked), so its per-token cost is the same on
+all three sides. Each engine is warmed up first.
+
+Reports wall time, engine steps and the ideal speedup
+(a + k*m + n) / (a + m + 1 + n); measured / ideal is the headline. Prints
+a table and writes JSON.
+
+Usage: .venv/bin/python benchmarks/fanout_latency.py [--ks 1 2 4 8 16]
+    [--ms 16 64] [--repeats 3] [--out fanout.json]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MYTESTS = Path(__file__).resolve().parent.parent / "mytests"
+PREFIX_TOKENS = 8  # a
+SUFFIX_TOKENS = 8  # n
+
+
+def count_steps(llm):
+    """Wraps the engine's step to count calls; returns the counter list."""
+    engine = llm.llm_engine
+    counter = [0]
+    step = engine.step
+
+    def counting_step():
+        counter[0] += 1
+        return step()
+
+    engine.step = counting_step
+    return counter
+
+
+def timed(llm, counter, prompts, params):
+    counter[0] = 0
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return outputs, time.perf_counter() - start, counter[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--ms", type=int, nargs="+", default=[16, 64])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="fanout_latency.json")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_USE_V1", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    sys.path.insert(0, str(MYTESTS))
+    from conftest import HookIds
+    from engines import tiny_llm
+    from oracle import scripted
+    from tiny_model import (CHILD, PROMISE, SYNC, TinyModelSpec,
+                            build_tiny_model, build_tokenizer)
+
+    from vllm import SamplingParams
+
+    tokenizer = build_tokenizer()
+    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
+                  tokenizer.eos_token_id)
+    folder = tempfile.mkdtemp()
+    max_len = PREFIX_TOKENS + max(args.ks) * (max(args.ms) + 2) + 64
+    model = build_tiny_model(Path(folder),
+                             TinyModelSpec(max_positions=max_len))
+    hooked = tiny_llm(model, ids, max_model_len=max_len)
+    plain = tiny_llm(model, max_model_len=max_len, enable_prefix_caching=True)
+    hooked_steps, plain_steps = count_steps(hooked), count_steps(plain)
+    prompt = "the cat sees"
+
+    def free(tokens: int) -> SamplingParams:
+        """`tokens` free tokens through the same scripted processor."""
+        return SamplingParams(
+            temperature=0.0,
+            max_tokens=tokens,
+            logits_processors=[scripted({(): [None] * tokens}, ids, role=())])
+
+    for llm in (hooked, plain):
+        llm.generate([prompt] * 4, free(32), use_tqdm=False)
+    rows = []
+    for m in args.ms:
+        for k in args.ks:
+            a, n = PREFIX_TOKENS, SUFFIX_TOKENS
+            plans = {
+                (): [None] * a + [ids.promise] * k + [ids.sync] + [None] * n
+            }
+            for child in range(k):
+                plans[(child, )] = [None] * m
+            runs = {"hooks": [], "sequential": [], "client_join": []}
+            for _ in range(args.repeats):
+                [out], wall, steps = timed(
+                    hooked, hooked_steps, [prompt],
+                    SamplingParams(temperature=0.0,
+                                   max_tokens=max_len - 8,
+                                   logits_processors=[scripted(plans, ids)]))
+                runs["hooks"].append((wall, steps))
+                total = a + k * m + n
+                _, wall, steps = timed(plain, plain_steps, [prompt],
+                                       free(total))
+                runs["sequential"].append((wall, steps))
+                # Client-side join: prefix, k children sharing it, merge.
+                start = time.perf_counter()
+                plain_steps[0] = 0
+                [prefix] = plain.generate([prompt], free(a), use_tqdm=False)
+                context = list(prefix.prompt_token_ids) + list(
+                    prefix.outputs[0].token_ids)
+                children = plain.generate(
+                    [{
+                        "prompt_token_ids": context + [ids.child]
+                    }] * k,
+                    free(m),
+                    use_tqdm=False)
+                merged = tokenizer.encode("\n".join(c.outputs[0].text
+                                                    for c in children),
+                                          add_special_tokens=False)
+                plain.generate([{
+                    "prompt_token_ids": context + merged
+                }],
+                               free(n),
+                               use_tqdm=False)
+                runs["client_join"].append(
+                    (time.perf_counter() - start, plain_steps[0]))
+                assert out.promise_tree is not None
+            ideal = (a + k * m + n) / (a + m + 1 + n)
+            row = {"k": k, "m": m, "ideal_speedup": round(ideal, 2)}
+            for name, samples in runs.items():
+                row[f"{name}_s"] = round(
+                    statistics.median(w for w, _ in samples), 4)
+                row[f"{name}_steps"] = samples[-1][1]
+            row["speedup"] = round(row["sequential_s"] / row["hooks_s"], 2)
+            row["speedup_vs_join"] = round(
+                row["client_join_s"] / row["hooks_s"], 2)
+            row["measured_over_ideal"] = round(row["speedup"] / ideal, 2)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    Path(args.out).write_text(json.dumps(rows, indent=2))
+    header = ("k", "m", "hooks_s", "sequential_s", "client_join_s",
+              "hooks_steps", "sequential_steps", "client_join_steps",
+              "speedup", "ideal_speedup", "measured_over_ideal")
+    print("\n" + " | ".join(header))
+    for row in rows:
+        print(" | ".join(str(row[h]) for h in header))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
