@@ -1,0 +1,104 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Idle overhead: the same hook-free workload with and without hooks.
+
+Runs a batch of plain requests (no special token is ever sampled: hook
+tokens are banned) on two engines over the tiny test model, one with
+`special_kwargs` set and one stock with the same scheduling options,
+alternating runs so both see the same machine state. Reports the per-step
+time of each and their ratio; prints a table and writes JSON.
+
+Usage: .venv/bin/python benchmarks/idle_overhead.py [--requests 32]
+    [--tokens 64] [--repeats 5] [--out idle_overhead.json]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MYTESTS = Path(__file__).resolve().parent.parent / "mytests"
+
+
+class BanTokens:
+    """Keeps the given tokens from ever being sampled."""
+
+    def __init__(self, token_ids):
+        self.token_ids = list(token_ids)
+
+    def __call__(self, output_ids, logits):
+        logits[self.token_ids] = -float("inf")
+        return logits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", default="idle_overhead.json")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_USE_V1", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    sys.path.insert(0, str(MYTESTS))
+    from conftest import HookIds
+    from engines import tiny_llm
+    from tiny_model import (CHILD, PROMISE, SPECIAL_TOKENS, SYNC,
+                            build_tiny_model, build_tokenizer)
+
+    from vllm import SamplingParams
+
+    tokenizer = build_tokenizer()
+    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
+                  tokenizer.eos_token_id)
+    model = build_tiny_model(Path(tempfile.mkdtemp()))
+    # The stock engine gets the scheduling options hooks turn on (chunked
+    # prefill, no async output processing), so the ratio is the hooks' own.
+    engines = {
+        "hooks":
+        tiny_llm(model, ids),
+        "stock":
+        tiny_llm(model,
+                 enable_chunked_prefill=True,
+                 disable_async_output_proc=True)
+    }
+    prompts = [f"the cat sees {w}"
+               for w in ("dog", "bird", "fish", "tree")] * (args.requests // 4)
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=args.tokens,
+        ignore_eos=True,
+        logits_processors=[BanTokens(range(len(SPECIAL_TOKENS)))])
+    samples = {name: [] for name in engines}
+    for name, llm in engines.items():  # warm-up
+        llm.generate(prompts, params, use_tqdm=False)
+    for _ in range(args.repeats):
+        for name, llm in engines.items():
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            assert all(o.promise_tree is None for o in outputs)
+            # `tokens` steps: the prefill samples the first token.
+            samples[name].append(elapsed / args.tokens)
+    report = {
+        name: round(statistics.median(values) * 1e3, 3)
+        for name, values in samples.items()
+    }
+    report = {
+        "requests": len(prompts),
+        "tokens": args.tokens,
+        "hooks_ms_per_step": report["hooks"],
+        "stock_ms_per_step": report["stock"],
+        "ratio": round(report["hooks"] / report["stock"], 3),
+    }
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(" | ".join(report))
+    print(" | ".join(str(v) for v in report.values()))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
