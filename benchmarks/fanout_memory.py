@@ -1,0 +1,105 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Memory: KV blocks in use during a k-child fan-out vs k independent
+requests over the same context.
+
+The parent's context is a long prompt; it promises k children at once and
+parks; each child writes m tokens. The baseline sends k independent
+requests whose prompt is that same context (no prefix caching), each
+writing m tokens. Both run on the tiny test model with 16-token blocks;
+the peak number of blocks in use is read from the block manager after
+every engine step. Prints a table and writes JSON.
+
+Usage: .venv/bin/python benchmarks/fanout_memory.py [--ks 1 2 4 8 16]
+    [--context 256] [--m 32] [--out fanout_memory.json]
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+MYTESTS = Path(__file__).resolve().parent.parent / "mytests"
+BLOCK_SIZE = 16
+
+
+def peak_blocks(llm, requests) -> int:
+    """Runs ``requests`` (id, prompt, params) to the end; the peak blocks."""
+    engine = llm.llm_engine
+    block_manager = engine.scheduler[0].block_manager
+    total = block_manager.num_total_gpu_blocks
+    for request_id, prompt, params in requests:
+        engine.add_request(request_id, prompt, params)
+    peak = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        peak = max(peak, total - block_manager.get_num_free_gpu_blocks())
+    return peak
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--m", type=int, default=32)
+    parser.add_argument("--out", default="fanout_memory.json")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_USE_V1", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    sys.path.insert(0, str(MYTESTS))
+    from conftest import HookIds
+    from engines import tiny_llm
+    from oracle import scripted
+    from tiny_model import (CHILD, PROMISE, SYNC, TinyModelSpec,
+                            build_tiny_model, build_tokenizer)
+
+    from vllm import SamplingParams
+
+    tokenizer = build_tokenizer()
+    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
+                  tokenizer.eos_token_id)
+    max_len = args.context + max(args.ks) + args.m + 64
+    model = build_tiny_model(Path(tempfile.mkdtemp()),
+                             TinyModelSpec(max_positions=max_len))
+    common = dict(max_model_len=max_len, block_size=BLOCK_SIZE)
+    hooked = tiny_llm(model, ids, **common)
+    plain = tiny_llm(model, **common)
+    context = ["the"] * args.context
+    rows = []
+    for k in args.ks:
+        plans = {(): [ids.promise] * k + [ids.sync, None]}
+        for child in range(k):
+            plans[(child, )] = [None] * args.m
+        fan_out = peak_blocks(
+            hooked,
+            [(f"fan-{k}", " ".join(context),
+              SamplingParams(temperature=0.0,
+                             max_tokens=k * (args.m + 2) + 8,
+                             logits_processors=[scripted(plans, ids)]))])
+        tokens = tokenizer.encode(" ".join(context), add_special_tokens=False)
+        independent = peak_blocks(plain, [(f"ind-{k}-{i}", {
+            "prompt_token_ids":
+            tokens + [ids.promise, ids.child]
+        }, SamplingParams(temperature=0.0, max_tokens=args.m, ignore_eos=True))
+                                          for i in range(k)])
+        row = {
+            "k": k,
+            "context_tokens": args.context,
+            "child_tokens": args.m,
+            "fan_out_peak_blocks": fan_out,
+            "independent_peak_blocks": independent,
+            "ratio": round(fan_out / independent, 3),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    Path(args.out).write_text(json.dumps(rows, indent=2))
+    header = list(rows[0])
+    print("\n" + " | ".join(header))
+    for row in rows:
+        print(" | ".join(str(row[h]) for h in header))
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
