@@ -1,0 +1,110 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Throughput: many concurrent hooked requests vs the same tokens as plain
+requests.
+
+Hooked side: N requests, each a parent that writes a words, promises k
+children of m words, syncs and writes n more. Plain side, on a stock
+engine: for each hooked request, the same token work as independent plain
+requests (one of a + n tokens, k of m tokens over the same prompt). Both
+use the same scripted logits processor. Reports generated tokens per
+second of each and their ratio; prints a table and writes JSON.
+
+Usage: .venv/bin/python benchmarks/throughput.py [--requests 32] [--k 4]
+    [--m 32] [--repeats 3] [--out throughput.json]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MYTESTS = Path(__file__).resolve().parent.parent / "mytests"
+PREFIX_TOKENS = 8
+SUFFIX_TOKENS = 8
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--m", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="throughput.json")
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_USE_V1", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    sys.path.insert(0, str(MYTESTS))
+    from conftest import HookIds
+    from engines import tiny_llm
+    from oracle import scripted
+    from tiny_model import (CHILD, PROMISE, SYNC, build_tiny_model,
+                            build_tokenizer)
+
+    from vllm import SamplingParams
+
+    tokenizer = build_tokenizer()
+    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
+                  tokenizer.eos_token_id)
+    model = build_tiny_model(Path(tempfile.mkdtemp()))
+    hooked = tiny_llm(model, ids)
+    plain = tiny_llm(model,
+                     enable_chunked_prefill=True,
+                     disable_async_output_proc=True)
+    a, n, k, m = PREFIX_TOKENS, SUFFIX_TOKENS, args.k, args.m
+    plans = {(): [None] * a + [ids.promise] * k + [ids.sync] + [None] * n}
+    for child in range(k):
+        plans[(child, )] = [None] * m
+    prompt = "the cat sees"
+
+    def free(tokens: int) -> SamplingParams:
+        return SamplingParams(
+            temperature=0.0,
+            max_tokens=tokens,
+            logits_processors=[scripted({(): [None] * tokens}, ids, role=())])
+
+    hooked_params = SamplingParams(temperature=0.0,
+                                   max_tokens=a + k + 1 + n + k * (m + 2) + 8,
+                                   logits_processors=[scripted(plans, ids)])
+    plain_prompts = ([prompt] + [prompt] * k) * args.requests
+    plain_params = ([free(a + n)] + [free(m)] * k) * args.requests
+    samples = {"hooks": [], "plain": []}
+    for _ in range(args.repeats + 1):  # the first round warms up
+        start = time.perf_counter()
+        outputs = hooked.generate([prompt] * args.requests,
+                                  hooked_params,
+                                  use_tqdm=False)
+        hooked_time = time.perf_counter() - start
+        # Tokens generated: the parents' own and the children's.
+        hooked_tokens = sum(
+            len(o.outputs[0].token_ids) - o.promise_tree.num_merged_tokens +
+            sum(len(c.token_ids) for c in o.promise_tree.children)
+            for o in outputs)
+        start = time.perf_counter()
+        plain_outputs = plain.generate(plain_prompts,
+                                       plain_params,
+                                       use_tqdm=False)
+        plain_time = time.perf_counter() - start
+        plain_tokens = sum(len(o.outputs[0].token_ids) for o in plain_outputs)
+        samples["hooks"].append(hooked_tokens / hooked_time)
+        samples["plain"].append(plain_tokens / plain_time)
+    report = {
+        "requests": args.requests,
+        "children_per_request": k,
+        "child_tokens": m,
+        "hooks_tokens_per_s": round(statistics.median(samples["hooks"][1:])),
+        "plain_tokens_per_s": round(statistics.median(samples["plain"][1:])),
+    }
+    report["ratio"] = round(
+        report["hooks_tokens_per_s"] / report["plain_tokens_per_s"], 3)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(" | ".join(report))
+    print(" | ".join(str(v) for v in report.values()))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
