@@ -1,0 +1,157 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Promise/sync demo on the embedded model that speaks the protocol.
+
+Generates for a few prompts through `LLM(..., special_kwargs=...)` on the
+fork's V0 engine, prints each answer and its promise tree, and draws a
+timeline (one lane per sequence, engine steps on the x axis; spawns,
+parking, merges and resumes marked) to a PNG whose path it prints.
+
+The embedded model (models/expand, see its MODEL_CARD.md) solves the
+"expand" task: for k groups of words it promises k children, each of which
+writes its group's words three times, syncs, and ends with the number of
+groups.
+"""
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = ROOT / "models" / "expand"
+DEFAULT_PROMPTS = [
+    "cat dog sun red then big old new fish",
+    "tree moon up down then yes no left right then blue green star bird",
+    "red red cat dog then fish sun moon star then old new big small "
+    "then up down left right",
+]
+LANE_HEIGHT, STEP_WIDTH, MARGIN, MIN_WIDTH = 22, 12, 130, 960
+
+
+def run_with_timeline(llm, prompts, params):
+    """Steps the engine by hand, noting per step what each sequence did."""
+    engine = llm.llm_engine
+    scheduler = engine.scheduler[0]
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    events: dict[str, dict[int, str]] = {}
+    outputs = {}
+    scheduled: dict[str, str] = {}
+    schedule = scheduler.schedule
+
+    def recording_schedule():
+        metadata, out, allow_async = schedule()
+        scheduled.clear()
+        for m, g in zip(metadata, out.scheduled_seq_groups):
+            scheduled[m.request_id] = ("prefill" if m.is_prompt
+                                       and g.token_chunk_size > 1 else "run")
+        return metadata, out, allow_async
+
+    scheduler.schedule = recording_schedule
+    step = 0
+    try:
+        while engine.has_unfinished_requests():
+            finished = engine.step()
+            for request_id, kind in scheduled.items():
+                events.setdefault(request_id, {})[step] = kind
+            for request_id in scheduler.blocked:
+                events.setdefault(request_id, {})[step] = "parked"
+            outputs.update((o.request_id, o) for o in finished if o.finished)
+            step += 1
+    finally:
+        scheduler.schedule = schedule
+    return [outputs[str(i)] for i in range(len(prompts))], events, step
+
+
+def lane_order(request_id: str):
+    """Requests in order, each followed by its children in spawn order."""
+    root, _, child = request_id.partition("/promise-")
+    return int(root), int(child or -1)
+
+
+def draw_timeline(events, num_steps, path: Path) -> None:
+    from PIL import Image, ImageDraw
+    colors = {
+        "run": (70, 130, 180),
+        "prefill": (230, 150, 30),
+        "parked": (200, 200, 200)
+    }
+    lanes = sorted(events, key=lane_order)
+    width = max(MIN_WIDTH, MARGIN + STEP_WIDTH * num_steps + 20)
+    image = Image.new("RGB", (width, LANE_HEIGHT * (len(lanes) + 2)), "white")
+    draw = ImageDraw.Draw(image)
+    for row, request_id in enumerate(lanes):
+        y = LANE_HEIGHT * (row + 1)
+        indent = "  " * request_id.count("/")
+        draw.text((4, y + 4), indent + request_id, fill="black")
+        for step, kind in events[request_id].items():
+            x = MARGIN + STEP_WIDTH * step
+            draw.rectangle([x, y + 4, x + STEP_WIDTH - 1, y + LANE_HEIGHT - 4],
+                           fill=colors[kind])
+        first = min(events[request_id])
+        if "/" in request_id:  # spawn mark
+            draw.line([
+                MARGIN + STEP_WIDTH * first, y, MARGIN + STEP_WIDTH * first,
+                y + LANE_HEIGHT
+            ],
+                      fill="red",
+                      width=2)
+    legend_y = LANE_HEIGHT * (len(lanes) + 1) + 4
+    draw.text((4, legend_y), "engine steps ->   blue: decode  orange: "
+              "prefill chunk (child start / resume after merge)  grey: "
+              "parked by <sync>  red: spawn",
+              fill="black")
+    image.save(path)
+
+
+def print_tree(node, indent="  "):
+    for child in node.children:
+        print(f"{indent}{child.request_id} ({child.finish_reason}): "
+              f"{child.text.strip()!r}")
+        print_tree(child, indent + "  ")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--prompt",
+                        action="append",
+                        help="a prompt (repeatable)")
+    parser.add_argument("--sync-token", default="<sync>")
+    parser.add_argument("--promise-token", default="<promise>")
+    parser.add_argument("--child-role-token", default="<child>")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument(
+        "--timeline",
+        default=str(Path(tempfile.gettempdir()) / "promise_timeline.png"))
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_USE_V1", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.config import SpecialKwargs
+
+    llm = LLM(model=args.model,
+              max_model_len=256,
+              enforce_eager=True,
+              dtype="float32",
+              special_kwargs=SpecialKwargs(
+                  sync_token=args.sync_token,
+                  promise_token=args.promise_token,
+                  child_role_token=args.child_role_token or None))
+    prompts = args.prompt or DEFAULT_PROMPTS
+    outputs, events, steps = run_with_timeline(
+        llm, prompts,
+        SamplingParams(temperature=args.temperature,
+                       max_tokens=args.max_tokens))
+    for output in outputs:
+        print(f"\nprompt: {output.prompt}")
+        print(f"answer: {output.outputs[0].text.strip()}")
+        if output.promise_tree is not None:
+            print_tree(output.promise_tree)
+    draw_timeline(events, steps, Path(args.timeline))
+    print(f"\ntimeline ({steps} engine steps): {args.timeline}")
+
+
+if __name__ == "__main__":
+    main()
