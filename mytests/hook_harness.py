@@ -49,6 +49,7 @@ class HookHarness:
         block_size: KV block size in tokens.
         num_gpu_blocks: KV blocks in the pool.
         max_model_len: Longest sequence.
+        max_num_seqs: Most sequences running at once.
     """
 
     def __init__(self,
@@ -56,10 +57,11 @@ class HookHarness:
                  special_kwargs: SpecialKwargs,
                  block_size: int = 4,
                  num_gpu_blocks: int = 64,
-                 max_model_len: int = 128):
+                 max_model_len: int = 128,
+                 max_num_seqs: int = 32):
         scheduler_config = SchedulerConfig("generate",
                                            max_num_batched_tokens=256,
-                                           max_num_seqs=32,
+                                           max_num_seqs=max_num_seqs,
                                            max_model_len=max_model_len,
                                            enable_chunked_prefill=True)
         cache_config = CacheConfig(block_size, 1.0, 1, "auto")

@@ -421,3 +421,24 @@ def test_aborting_a_childs_own_id_aborts_its_whole_tree(harness, hook_ids):
     assert parent.first_seq.status == SequenceStatus.FINISHED_ABORTED
     assert not harness.scheduler.running
     assert harness.free_blocks() == 64
+
+
+def test_children_past_max_num_seqs_wait_their_turn(tiny_tokenizer_path,
+                                                    hook_ids):
+    harness = HookHarness(tiny_tokenizer_path,
+                          SpecialKwargs(sync_token_id=hook_ids.sync,
+                                        promise_token_id=hook_ids.promise),
+                          max_num_seqs=2)
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    harness.step({"0": hook_ids.promise})
+    first, second = (harness.live_group(c.request_id)
+                     for c in children_of(parent))
+    assert first in harness.scheduler.running
+    # The running queue is full: the second child waits, with no blocks.
+    assert second in harness.scheduler.waiting
+    assert second.first_seq.status == SequenceStatus.WAITING
+    harness.step({"0": hook_ids.sync, first.request_id: hook_ids.eos})
+    run_until_done(harness)
+    assert [c.finish_reason for c in children_of(parent)] == ["stop", "length"]
+    assert harness.free_blocks() == 64

@@ -49,18 +49,29 @@ class SequenceHookScheduler(Scheduler):
                   child_group: SequenceGroup) -> None:
         """Starts a child that shares ``parent_seq``'s KV blocks.
 
+        A child joins the running queue directly, so it must not push it
+        past `max_num_seqs`: past it, the child waits its turn in the
+        waiting queue and computes its context then, as a preempted
+        sequence does.
+
         Args:
             parent_seq: The sequence that promised; its blocks are shared
                 copy-on-write with the child.
             child_group: A group holding the child sequence, forked from
                 ``parent_seq``.
         """
-        self.fork_seq(parent_seq, child_group.first_seq)
+        child_seq = child_group.first_seq
+        if len(self.running) >= self.scheduler_config.max_num_seqs:
+            child_seq.status = SequenceStatus.WAITING
+            child_seq.data.reset_state_for_recompute()
+            self.waiting.append(child_group)
+            return
+        self.fork_seq(parent_seq, child_seq)
         if self.cache_config.enable_prefix_caching:
             # The block manager's fork does not enter the child in the
             # prefix-cache tracker, whose removal (any free) asserts it is
             # there; a scheduled sequence enters it this way.
-            self.block_manager.get_num_cached_tokens(child_group.first_seq)
+            self.block_manager.get_num_cached_tokens(child_seq)
         self.running.append(child_group)
 
     def prefill_tail(self, seq: Sequence) -> None:
