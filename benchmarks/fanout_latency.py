@@ -25,14 +25,12 @@ Usage: .venv/bin/python benchmarks/fanout_latency.py [--ks 1 2 4 8 16]
 
 import argparse
 import json
-import os
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-MYTESTS = Path(__file__).resolve().parent.parent / "mytests"
+from tiny_setup import free_params, prepare
+
 PREFIX_TOKENS = 8  # a
 SUFFIX_TOKENS = 8  # n
 
@@ -65,38 +63,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="fanout_latency.json")
     args = parser.parse_args()
-    os.environ.setdefault("VLLM_USE_V1", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    sys.path.insert(0, str(MYTESTS))
-    from conftest import HookIds
+    max_len = PREFIX_TOKENS + max(args.ks) * (max(args.ms) + 2) + 64
+    ids, tokenizer, model = prepare(max_positions=max_len)
     from engines import tiny_llm
     from oracle import scripted
-    from tiny_model import (CHILD, PROMISE, SYNC, TinyModelSpec,
-                            build_tiny_model, build_tokenizer)
 
     from vllm import SamplingParams
 
-    tokenizer = build_tokenizer()
-    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
-                  tokenizer.eos_token_id)
-    folder = tempfile.mkdtemp()
-    max_len = PREFIX_TOKENS + max(args.ks) * (max(args.ms) + 2) + 64
-    model = build_tiny_model(Path(folder),
-                             TinyModelSpec(max_positions=max_len))
     hooked = tiny_llm(model, ids, max_model_len=max_len)
     plain = tiny_llm(model, max_model_len=max_len, enable_prefix_caching=True)
     hooked_steps, plain_steps = count_steps(hooked), count_steps(plain)
     prompt = "the cat sees"
 
-    def free(tokens: int) -> SamplingParams:
-        """`tokens` free tokens through the same scripted processor."""
-        return SamplingParams(
-            temperature=0.0,
-            max_tokens=tokens,
-            logits_processors=[scripted({(): [None] * tokens}, ids, role=())])
-
     for llm in (hooked, plain):
-        llm.generate([prompt] * 4, free(32), use_tqdm=False)
+        llm.generate([prompt] * 4, free_params(32, ids), use_tqdm=False)
     rows = []
     for m in args.ms:
         for k in args.ks:
@@ -116,19 +96,21 @@ def main() -> None:
                 runs["hooks"].append((wall, steps))
                 total = a + k * m + n
                 _, wall, steps = timed(plain, plain_steps, [prompt],
-                                       free(total))
+                                       free_params(total, ids))
                 runs["sequential"].append((wall, steps))
                 # Client-side join: prefix, k children sharing it, merge.
                 start = time.perf_counter()
                 plain_steps[0] = 0
-                [prefix] = plain.generate([prompt], free(a), use_tqdm=False)
+                [prefix] = plain.generate([prompt],
+                                          free_params(a, ids),
+                                          use_tqdm=False)
                 context = list(prefix.prompt_token_ids) + list(
                     prefix.outputs[0].token_ids)
                 children = plain.generate(
                     [{
                         "prompt_token_ids": context + [ids.child]
                     }] * k,
-                    free(m),
+                    free_params(m, ids),
                     use_tqdm=False)
                 merged = tokenizer.encode("\n".join(c.outputs[0].text
                                                     for c in children),
@@ -136,7 +118,7 @@ def main() -> None:
                 plain.generate([{
                     "prompt_token_ids": context + merged
                 }],
-                               free(n),
+                               free_params(n, ids),
                                use_tqdm=False)
                 runs["client_join"].append(
                     (time.perf_counter() - start, plain_steps[0]))

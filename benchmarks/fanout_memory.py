@@ -15,12 +15,10 @@ Usage: .venv/bin/python benchmarks/fanout_memory.py [--ks 1 2 4 8 16]
 
 import argparse
 import json
-import os
-import sys
-import tempfile
 from pathlib import Path
 
-MYTESTS = Path(__file__).resolve().parent.parent / "mytests"
+from tiny_setup import prepare
+
 BLOCK_SIZE = 16
 
 
@@ -45,23 +43,13 @@ def main() -> None:
     parser.add_argument("--m", type=int, default=32)
     parser.add_argument("--out", default="fanout_memory.json")
     args = parser.parse_args()
-    os.environ.setdefault("VLLM_USE_V1", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    sys.path.insert(0, str(MYTESTS))
-    from conftest import HookIds
+    max_len = args.context + max(args.ks) + args.m + 64
+    ids, tokenizer, model = prepare(max_positions=max_len)
     from engines import tiny_llm
     from oracle import scripted
-    from tiny_model import (CHILD, PROMISE, SYNC, TinyModelSpec,
-                            build_tiny_model, build_tokenizer)
 
     from vllm import SamplingParams
 
-    tokenizer = build_tokenizer()
-    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
-                  tokenizer.eos_token_id)
-    max_len = args.context + max(args.ks) + args.m + 64
-    model = build_tiny_model(Path(tempfile.mkdtemp()),
-                             TinyModelSpec(max_positions=max_len))
     common = dict(max_model_len=max_len, block_size=BLOCK_SIZE)
     hooked = tiny_llm(model, ids, **common)
     plain = tiny_llm(model, **common)

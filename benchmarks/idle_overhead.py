@@ -13,14 +13,11 @@ Usage: .venv/bin/python benchmarks/idle_overhead.py [--requests 32]
 
 import argparse
 import json
-import os
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-MYTESTS = Path(__file__).resolve().parent.parent / "mytests"
+from tiny_setup import prepare
 
 
 class BanTokens:
@@ -41,20 +38,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="idle_overhead.json")
     args = parser.parse_args()
-    os.environ.setdefault("VLLM_USE_V1", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    sys.path.insert(0, str(MYTESTS))
-    from conftest import HookIds
+    ids, _, model = prepare()
     from engines import tiny_llm
-    from tiny_model import (CHILD, PROMISE, SPECIAL_TOKENS, SYNC,
-                            build_tiny_model, build_tokenizer)
+    from tiny_model import SPECIAL_TOKENS
 
     from vllm import SamplingParams
 
-    tokenizer = build_tokenizer()
-    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
-                  tokenizer.eos_token_id)
-    model = build_tiny_model(Path(tempfile.mkdtemp()))
     # The stock engine gets the scheduling options hooks turn on (chunked
     # prefill, no async output processing), so the ratio is the hooks' own.
     engines = {

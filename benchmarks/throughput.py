@@ -15,14 +15,12 @@ Usage: .venv/bin/python benchmarks/throughput.py [--requests 32] [--k 4]
 
 import argparse
 import json
-import os
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-MYTESTS = Path(__file__).resolve().parent.parent / "mytests"
+from tiny_setup import free_params, prepare
+
 PREFIX_TOKENS = 8
 SUFFIX_TOKENS = 8
 
@@ -35,21 +33,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="throughput.json")
     args = parser.parse_args()
-    os.environ.setdefault("VLLM_USE_V1", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    sys.path.insert(0, str(MYTESTS))
-    from conftest import HookIds
+    ids, _, model = prepare()
     from engines import tiny_llm
     from oracle import scripted
-    from tiny_model import (CHILD, PROMISE, SYNC, build_tiny_model,
-                            build_tokenizer)
 
     from vllm import SamplingParams
 
-    tokenizer = build_tokenizer()
-    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
-                  tokenizer.eos_token_id)
-    model = build_tiny_model(Path(tempfile.mkdtemp()))
     hooked = tiny_llm(model, ids)
     plain = tiny_llm(model,
                      enable_chunked_prefill=True,
@@ -60,17 +49,12 @@ def main() -> None:
         plans[(child, )] = [None] * m
     prompt = "the cat sees"
 
-    def free(tokens: int) -> SamplingParams:
-        return SamplingParams(
-            temperature=0.0,
-            max_tokens=tokens,
-            logits_processors=[scripted({(): [None] * tokens}, ids, role=())])
-
     hooked_params = SamplingParams(temperature=0.0,
                                    max_tokens=a + k + 1 + n + k * (m + 2) + 8,
                                    logits_processors=[scripted(plans, ids)])
     plain_prompts = ([prompt] + [prompt] * k) * args.requests
-    plain_params = ([free(a + n)] + [free(m)] * k) * args.requests
+    plain_params = ([free_params(a + n, ids)] +
+                    [free_params(m, ids)] * k) * args.requests
     samples = {"hooks": [], "plain": []}
     for _ in range(args.repeats + 1):  # the first round warms up
         start = time.perf_counter()

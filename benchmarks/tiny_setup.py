@@ -1,0 +1,46 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the benchmarks share: the V0 CPU set-up and a tiny test model."""
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+MYTESTS = Path(__file__).resolve().parent.parent / "mytests"
+
+
+def prepare(max_positions: Optional[int] = None):
+    """Selects the V0 engine, makes the test kit importable, builds a model.
+
+    Args:
+        max_positions: Rotary table length of the model; the kit's default
+            if None.
+
+    Returns:
+        The hook token ids, the tokenizer and the model's folder.
+    """
+    os.environ.setdefault("VLLM_USE_V1", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    sys.path.insert(0, str(MYTESTS))
+    from conftest import HookIds
+    from tiny_model import (CHILD, PROMISE, SYNC, TinyModelSpec,
+                            build_tiny_model, build_tokenizer)
+    tokenizer = build_tokenizer()
+    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
+                  tokenizer.eos_token_id)
+    spec = (TinyModelSpec(
+        max_positions=max_positions) if max_positions else TinyModelSpec())
+    return ids, tokenizer, build_tiny_model(Path(tempfile.mkdtemp()), spec)
+
+
+def free_params(tokens: int, ids):
+    """`tokens` free tokens through the scripted processor the hooked runs
+    use, so that its per-token cost is the same on every side."""
+    from oracle import scripted
+
+    from vllm import SamplingParams
+    return SamplingParams(
+        temperature=0.0,
+        max_tokens=tokens,
+        logits_processors=[scripted({(): [None] * tokens}, ids, role=())])
