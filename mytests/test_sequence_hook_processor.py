@@ -16,12 +16,18 @@ from vllm.sequence import SequenceStage, SequenceStatus
 PROMPT = "the cat sees the dog"
 
 
-def make_harness(path, ids, **limits) -> HookHarness:
+def make_harness(path, ids, harness_options=None, **hook_options):
+    """A harness over the tiny tokenizer with the hooks on.
+
+    Args:
+        harness_options: `HookHarness` arguments (cache size, lengths).
+        hook_options: Further `SpecialKwargs` fields.
+    """
     return HookHarness(
         path,
         SpecialKwargs(sync_token_id=ids.sync,
                       promise_token_id=ids.promise,
-                      **limits))
+                      **hook_options), **(harness_options or {}))
 
 
 @pytest.fixture
@@ -156,11 +162,9 @@ def test_sync_without_children_is_an_ordinary_token(harness, hook_ids):
 
 def test_children_merge_in_promise_order_with_the_separator(
         tiny_tokenizer_path, hook_ids):
-    harness = HookHarness(
-        tiny_tokenizer_path,
-        SpecialKwargs(sync_token_id=hook_ids.sync,
-                      promise_token_id=hook_ids.promise,
-                      merge_separator=" and "))
+    harness = make_harness(tiny_tokenizer_path,
+                           hook_ids,
+                           merge_separator=" and ")
     parent = start(harness)
     harness.step({"0": hook_ids.promise})
     first = children_of(parent)[0].request_id
@@ -297,10 +301,8 @@ def test_blocked_is_neither_running_nor_finished():
 
 def test_merge_is_cut_to_leave_room_within_the_model_length(
         tiny_tokenizer_path, hook_ids):
-    harness = HookHarness(tiny_tokenizer_path,
-                          SpecialKwargs(sync_token_id=hook_ids.sync,
-                                        promise_token_id=hook_ids.promise),
-                          max_model_len=16)
+    harness = make_harness(tiny_tokenizer_path, hook_ids,
+                           dict(max_model_len=16))
     parent = start(harness)
     harness.step({"0": hook_ids.promise})
     child_id = children_of(parent)[0].request_id
@@ -329,10 +331,8 @@ def test_parked_parents_are_evicted_rather_than_deadlock(
         tiny_tokenizer_path, hook_ids):
     # 12 blocks of 4 tokens: two parked parents and two growing children
     # cannot all keep their blocks.
-    harness = HookHarness(tiny_tokenizer_path,
-                          SpecialKwargs(sync_token_id=hook_ids.sync,
-                                        promise_token_id=hook_ids.promise),
-                          num_gpu_blocks=12)
+    harness = make_harness(tiny_tokenizer_path, hook_ids,
+                           dict(num_gpu_blocks=12))
     prompt = "the cat sees the dog the cat sees"
     parents = [
         harness.add(r, prompt, SamplingParams(temperature=0.0, max_tokens=40))
@@ -355,10 +355,8 @@ def test_parked_parents_are_evicted_rather_than_deadlock(
 
 def test_child_the_cache_can_never_hold_finishes_its_parent_wakes(
         tiny_tokenizer_path, hook_ids):
-    harness = HookHarness(tiny_tokenizer_path,
-                          SpecialKwargs(sync_token_id=hook_ids.sync,
-                                        promise_token_id=hook_ids.promise),
-                          num_gpu_blocks=6)
+    harness = make_harness(tiny_tokenizer_path, hook_ids,
+                           dict(num_gpu_blocks=6))
     parent = start(harness, max_tokens=60)
     harness.step({"0": hook_ids.promise})
     harness.step({"0": hook_ids.sync})
@@ -425,10 +423,7 @@ def test_aborting_a_childs_own_id_aborts_its_whole_tree(harness, hook_ids):
 
 def test_children_past_max_num_seqs_wait_their_turn(tiny_tokenizer_path,
                                                     hook_ids):
-    harness = HookHarness(tiny_tokenizer_path,
-                          SpecialKwargs(sync_token_id=hook_ids.sync,
-                                        promise_token_id=hook_ids.promise),
-                          max_num_seqs=2)
+    harness = make_harness(tiny_tokenizer_path, hook_ids, dict(max_num_seqs=2))
     parent = start(harness)
     harness.step({"0": hook_ids.promise})
     harness.step({"0": hook_ids.promise})
