@@ -91,12 +91,14 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         """Notes the group as processed this step, then as stock vLLM.
 
         The engine calls this first for every group it processes in a step,
-        sampling or not.
+        sampling or not. Only groups of a promise tree are noted: only they
+        can be aborted as descendants later in the step.
         """
-        step = self.hook_scheduler.num_steps
-        if step != self._processed_step:
-            self._processed_step, self._processed_ids = step, set()
-        self._processed_ids.add(seq_group.request_id)
+        if seq_group.promise_tree is not None:
+            step = self.hook_scheduler.num_steps
+            if step != self._processed_step:
+                self._processed_step, self._processed_ids = step, set()
+            self._processed_ids.add(seq_group.request_id)
         super().process_prompt_logprob(seq_group, outputs)
 
     def process_outputs(self, sequence_group: SequenceGroup,
