@@ -27,9 +27,8 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
-from tiny_setup import free_params, prepare
+from tiny_setup import free_params, prepare, report
 
 PREFIX_TOKENS = 8  # a
 SUFFIX_TOKENS = 8  # n
@@ -135,14 +134,10 @@ def main() -> None:
             row["measured_over_ideal"] = round(row["speedup"] / ideal, 2)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    Path(args.out).write_text(json.dumps(rows, indent=2))
-    header = ("k", "m", "hooks_s", "sequential_s", "client_join_s",
-              "hooks_steps", "sequential_steps", "client_join_steps",
-              "speedup", "ideal_speedup", "measured_over_ideal")
-    print("\n" + " | ".join(header))
-    for row in rows:
-        print(" | ".join(str(row[h]) for h in header))
-    print(f"\nwrote {args.out}")
+    report(rows, args.out,
+           ("k", "m", "hooks_s", "sequential_s", "client_join_s",
+            "hooks_steps", "sequential_steps", "client_join_steps", "speedup",
+            "ideal_speedup", "measured_over_ideal"))
 
 
 if __name__ == "__main__":

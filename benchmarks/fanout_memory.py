@@ -15,9 +15,8 @@ Usage: .venv/bin/python benchmarks/fanout_memory.py [--ks 1 2 4 8 16]
 
 import argparse
 import json
-from pathlib import Path
 
-from tiny_setup import prepare
+from tiny_setup import prepare, report
 
 BLOCK_SIZE = 16
 
@@ -81,12 +80,7 @@ def main() -> None:
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    Path(args.out).write_text(json.dumps(rows, indent=2))
-    header = list(rows[0])
-    print("\n" + " | ".join(header))
-    for row in rows:
-        print(" | ".join(str(row[h]) for h in header))
-    print(f"\nwrote {args.out}")
+    report(rows, args.out)
 
 
 if __name__ == "__main__":

@@ -12,12 +12,10 @@ Usage: .venv/bin/python benchmarks/idle_overhead.py [--requests 32]
 """
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
-from tiny_setup import prepare
+from tiny_setup import prepare, report
 
 
 class BanTokens:
@@ -72,21 +70,18 @@ def main() -> None:
             assert all(o.promise_tree is None for o in outputs)
             # `tokens` steps: the prefill samples the first token.
             samples[name].append(elapsed / args.tokens)
-    report = {
+    ms_per_step = {
         name: round(statistics.median(values) * 1e3, 3)
         for name, values in samples.items()
     }
-    report = {
+    summary = {
         "requests": len(prompts),
         "tokens": args.tokens,
-        "hooks_ms_per_step": report["hooks"],
-        "stock_ms_per_step": report["stock"],
-        "ratio": round(report["hooks"] / report["stock"], 3),
+        "hooks_ms_per_step": ms_per_step["hooks"],
+        "stock_ms_per_step": ms_per_step["stock"],
+        "ratio": round(ms_per_step["hooks"] / ms_per_step["stock"], 3),
     }
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(" | ".join(report))
-    print(" | ".join(str(v) for v in report.values()))
-    print(f"wrote {args.out}")
+    report([summary], args.out)
 
 
 if __name__ == "__main__":

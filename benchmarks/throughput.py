@@ -14,12 +14,10 @@ Usage: .venv/bin/python benchmarks/throughput.py [--requests 32] [--k 4]
 """
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 
-from tiny_setup import free_params, prepare
+from tiny_setup import free_params, prepare, report
 
 PREFIX_TOKENS = 8
 SUFFIX_TOKENS = 8
@@ -75,19 +73,16 @@ def main() -> None:
         plain_tokens = sum(len(o.outputs[0].token_ids) for o in plain_outputs)
         samples["hooks"].append(hooked_tokens / hooked_time)
         samples["plain"].append(plain_tokens / plain_time)
-    report = {
+    summary = {
         "requests": args.requests,
         "children_per_request": k,
         "child_tokens": m,
         "hooks_tokens_per_s": round(statistics.median(samples["hooks"][1:])),
         "plain_tokens_per_s": round(statistics.median(samples["plain"][1:])),
     }
-    report["ratio"] = round(
-        report["hooks_tokens_per_s"] / report["plain_tokens_per_s"], 3)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-    print(" | ".join(report))
-    print(" | ".join(str(v) for v in report.values()))
-    print(f"wrote {args.out}")
+    summary["ratio"] = round(
+        summary["hooks_tokens_per_s"] / summary["plain_tokens_per_s"], 3)
+    report([summary], args.out)
 
 
 if __name__ == "__main__":

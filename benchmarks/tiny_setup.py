@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the benchmarks share: the V0 CPU set-up and a tiny test model."""
 
+import json
 import os
 import sys
 import tempfile
@@ -44,3 +45,19 @@ def free_params(tokens: int, ids):
         temperature=0.0,
         max_tokens=tokens,
         logits_processors=[scripted({(): [None] * tokens}, ids, role=())])
+
+
+def report(rows: list[dict], out: str, columns=None) -> None:
+    """Writes ``rows`` as JSON to ``out`` and prints them as a table.
+
+    Args:
+        rows: One dict per measured case.
+        out: The JSON file to write.
+        columns: The columns to print; all of the first row's if None.
+    """
+    Path(out).write_text(json.dumps(rows, indent=2))
+    columns = list(columns or rows[0])
+    print("\n" + " | ".join(columns))
+    for row in rows:
+        print(" | ".join(str(row[c]) for c in columns))
+    print(f"\nwrote {out}")
