@@ -8,7 +8,7 @@ parking, merges and resumes marked) to a PNG whose path it prints.
 
 The embedded model (models/expand, see its MODEL_CARD.md) solves the
 "expand" task: for k groups of words it promises k children, each of which
-writes its group's words three times, syncs, and ends with the number of
+writes its group's words four times, syncs, and ends with the number of
 groups.
 """
 
@@ -20,10 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = ROOT / "models" / "expand"
 DEFAULT_PROMPTS = [
-    "cat dog sun red then big old new fish",
-    "tree moon up down then yes no left right then blue green star bird",
-    "red red cat dog then fish sun moon star then old new big small "
-    "then up down left right",
+    "cat dog sun red big then old new fish tree moon",
+    "tree moon up down yes then no left right blue green then star bird cat "
+    "dog sun",
+    "red red cat dog fish then sun moon star old new then big small up down "
+    "left then right yes no tree bird",
 ]
 LANE_HEIGHT, STEP_WIDTH, MARGIN, MIN_WIDTH = 22, 12, 130, 960
 
@@ -41,7 +42,10 @@ def run_with_timeline(llm, prompts, params):
 
     def recording_schedule():
         metadata, out, allow_async = schedule()
+        # Parked for this whole step, even if its output processing merges.
         scheduled.clear()
+        scheduled.update(
+            (request_id, "parked") for request_id in scheduler.blocked)
         for m, g in zip(metadata, out.scheduled_seq_groups):
             scheduled[m.request_id] = ("prefill" if m.is_prompt
                                        and g.token_chunk_size > 1 else "run")
@@ -54,8 +58,6 @@ def run_with_timeline(llm, prompts, params):
             finished = engine.step()
             for request_id, kind in scheduled.items():
                 events.setdefault(request_id, {})[step] = kind
-            for request_id in scheduler.blocked:
-                events.setdefault(request_id, {})[step] = "parked"
             outputs.update((o.request_id, o) for o in finished if o.finished)
             step += 1
     finally:
@@ -70,6 +72,14 @@ def lane_order(request_id: str):
 
 
 def draw_timeline(events, num_steps, path: Path) -> None:
+    """Draws one lane per sequence over engine steps to a PNG at ``path``.
+
+    Args:
+        events: Per request id, what it did at each step it was live:
+            "prefill", "run" (decode) or "parked".
+        num_steps: Engine steps the run took.
+        path: Where to write the picture.
+    """
     from PIL import Image, ImageDraw
     colors = {
         "run": (70, 130, 180),
@@ -77,34 +87,44 @@ def draw_timeline(events, num_steps, path: Path) -> None:
         "parked": (200, 200, 200)
     }
     lanes = sorted(events, key=lane_order)
-    width = max(MIN_WIDTH, MARGIN + STEP_WIDTH * num_steps + 20)
-    image = Image.new("RGB", (width, LANE_HEIGHT * (len(lanes) + 2)), "white")
+    # Short runs get wider steps, so the picture is never mostly margin.
+    step_width = max(STEP_WIDTH, (MIN_WIDTH - MARGIN - 20) // num_steps)
+    width = MARGIN + step_width * num_steps + 20
+    axis_y = LANE_HEIGHT * (len(lanes) + 1)
+    image = Image.new("RGB", (width, axis_y + 3 * LANE_HEIGHT), "white")
     draw = ImageDraw.Draw(image)
+
+    def mark(step: int, y: int, color: str) -> None:
+        x = MARGIN + step_width * step
+        draw.line([x, y, x, y + LANE_HEIGHT], fill=color, width=2)
+
     for row, request_id in enumerate(lanes):
         y = LANE_HEIGHT * (row + 1)
         indent = "  " * request_id.count("/")
         draw.text((4, y + 4), indent + request_id, fill="black")
-        for step, kind in events[request_id].items():
-            x = MARGIN + STEP_WIDTH * step
-            draw.rectangle([x, y + 4, x + STEP_WIDTH - 1, y + LANE_HEIGHT - 4],
+        steps = events[request_id]
+        for step, kind in steps.items():
+            x = MARGIN + step_width * step
+            draw.rectangle([x, y + 4, x + step_width - 1, y + LANE_HEIGHT - 4],
                            fill=colors[kind])
-        first = min(events[request_id])
-        if "/" in request_id:  # spawn mark
-            draw.line([
-                MARGIN + STEP_WIDTH * first, y, MARGIN + STEP_WIDTH * first,
-                y + LANE_HEIGHT
-            ],
-                      fill="red",
-                      width=2)
-    legend_y = LANE_HEIGHT * (len(lanes) + 1) + 4
-    draw.text((4, legend_y), "engine steps ->   blue: decode  orange: "
-              "prefill chunk (child start / resume after merge)  grey: "
-              "parked by <sync>  red: spawn",
+            if kind == "prefill" and steps.get(step - 1) == "parked":
+                mark(step, y, "green")  # merged, resuming
+        if "/" in request_id:
+            mark(min(steps), y, "red")  # spawned
+    for step in range(0, num_steps + 1, 5):
+        x = MARGIN + step_width * step
+        draw.line([x, axis_y, x, axis_y + 4], fill="black")
+        draw.text((x - 3, axis_y + 6), str(step), fill="black")
+    draw.text((4, axis_y + 6), "engine step", fill="black")
+    draw.text((4, axis_y + LANE_HEIGHT + 10),
+              "blue: decode  orange: prefill chunk (prompt, child start, "
+              "resume)  grey: parked by <sync>  red: spawn  green: merge",
               fill="black")
     image.save(path)
 
 
 def print_tree(node, indent="  "):
+    """Prints each child of ``node`` with what it wrote, depth first."""
     for child in node.children:
         print(f"{indent}{child.request_id} ({child.finish_reason}): "
               f"{child.text.strip()!r}")
@@ -113,18 +133,29 @@ def print_tree(node, indent="  "):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=str(DEFAULT_MODEL))
+    parser.add_argument("--model",
+                        default=str(DEFAULT_MODEL),
+                        help="model folder (default: the embedded model)")
     parser.add_argument("--prompt",
                         action="append",
                         help="a prompt (repeatable)")
-    parser.add_argument("--sync-token", default="<sync>")
-    parser.add_argument("--promise-token", default="<promise>")
-    parser.add_argument("--child-role-token", default="<child>")
+    parser.add_argument("--sync-token",
+                        default="<sync>",
+                        help="token that joins the children")
+    parser.add_argument("--promise-token",
+                        default="<promise>",
+                        help="token that spawns a child")
+    parser.add_argument("--child-role-token",
+                        default="<child>",
+                        help="marker a child starts with ('' for none)")
     parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, help="sampling seed")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument(
         "--timeline",
-        default=str(Path(tempfile.gettempdir()) / "promise_timeline.png"))
+        default=str(Path(tempfile.gettempdir()) / "promise_timeline.png"),
+        help="where to write the timeline PNG")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_USE_V1", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -143,12 +174,16 @@ def main() -> None:
     outputs, events, steps = run_with_timeline(
         llm, prompts,
         SamplingParams(temperature=args.temperature,
+                       top_p=args.top_p,
+                       seed=args.seed,
                        max_tokens=args.max_tokens))
     for output in outputs:
         print(f"\nprompt: {output.prompt}")
         print(f"answer: {output.outputs[0].text.strip()}")
         if output.promise_tree is not None:
-            print_tree(output.promise_tree)
+            print(f"tree:   {output.request_id} (the parent, "
+                  f"{output.outputs[0].finish_reason})")
+            print_tree(output.promise_tree, indent="          ")
     draw_timeline(events, steps, Path(args.timeline))
     print(f"\ntimeline ({steps} engine steps): {args.timeline}")
 

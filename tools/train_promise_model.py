@@ -1,22 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
 """Trains a tiny Llama that speaks promise/sync on a parallel task.
 
-The task ("expand"): the prompt lists k groups of 4 words, separated by
+The task ("expand"): the prompt lists k groups of 5 words, separated by
 "then". The parent writes one `<promise>` per group, then `<sync>`; the
 engine merges the children's texts; the parent then writes the number of
 groups and ends. The child of the i-th promise (it starts with `<child>`)
-writes every word of group i three times (12 words) and ends. Every answer
+writes every word of group i four times (20 words) and ends. Every answer
 is checkable by a program, and children write enough tokens for
 parallelism to matter.
 
 Usage: .venv/bin/python tools/train_promise_model.py [--out DIR]
-    [--steps 3000] [--seed 0]
+    [--steps 2500] [--seed 0]
 """
 
 import argparse
 import importlib
 import random
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -30,8 +31,8 @@ CHILD, PROMISE, SYNC = tiny_model.CHILD, tiny_model.PROMISE, tiny_model.SYNC
 
 SEPARATOR = "then"
 NUMBERS = {2: "two", 3: "three", 4: "four"}
-GROUP_WORDS = 4
-REPEAT = 3
+GROUP_WORDS = 5
+REPEAT = 4
 CONTENT = [
     "cat", "dog", "bird", "fish", "tree", "sun", "moon", "star", "red", "blue",
     "green", "big", "small", "old", "new", "yes", "no", "up", "down", "left",
@@ -80,21 +81,28 @@ def examples(tokenizer, groups):
         yield head + body, [0] * len(head) + [1] * len(body)
 
 
-def batch(tokenizer, rng, size):
-    rows = [
-        row for _ in range(size) for row in examples(tokenizer, make_task(rng))
-    ]
-    width = max(len(t) for t, _ in rows)
+def batches(tokenizer, rng, size):
+    """One training step's rows, as (tokens, loss mask) tensors.
+
+    Parents' rows (which hold the merged text) are about twice as long as
+    children's; padding each kind to its own width saves a third of the
+    compute.
+    """
+    rows = sorted((row for _ in range(size)
+                   for row in examples(tokenizer, make_task(rng))),
+                  key=lambda row: len(row[0]))
     pad = tokenizer.pad_token_id
-    tokens = torch.tensor([t + [pad] * (width - len(t)) for t, _ in rows])
-    mask = torch.tensor([m + [0] * (width - len(m)) for _, m in rows])
-    return tokens, mask
+    half = len(rows) // 2
+    for part in (rows[:half], rows[half:]):
+        width = max(len(t) for t, _ in part)
+        yield (torch.tensor([t + [pad] * (width - len(t)) for t, _ in part]),
+               torch.tensor([m + [0] * (width - len(m)) for _, m in part]))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "models" / "expand"))
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=2500)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.manual_seed(args.seed)
@@ -112,20 +120,27 @@ def main() -> None:
                                                    max_lr=3e-3,
                                                    total_steps=args.steps)
     model.train()
+    start = time.monotonic()
     for step in range(args.steps):
-        tokens, mask = batch(tokenizer, rng, 16)
-        logits = model(tokens).logits[:, :-1]
-        target, weight = tokens[:, 1:], mask[:, 1:].float()
-        loss = (torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]),
-            target.reshape(-1),
-            reduction="none") * weight.reshape(-1)).sum() / weight.sum()
+        losses, weights = [], 0.0
+        for tokens, mask in batches(tokenizer, rng, 16):
+            logits = model(tokens).logits[:, :-1]
+            target, weight = tokens[:, 1:], mask[:, 1:].float()
+            losses.append((torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                target.reshape(-1),
+                reduction="none") * weight.reshape(-1)).sum())
+            weights += weight.sum()
+        loss = sum(losses) / weights
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         schedule.step()
         if step % 200 == 0 or step == args.steps - 1:
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+            print(
+                f"step {step} loss {loss.item():.4f} "
+                f"({(time.monotonic() - start) / 60:.1f} min)",
+                flush=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     print(f"saved to {out}")
