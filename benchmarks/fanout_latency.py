@@ -20,7 +20,7 @@ Reports wall time, engine steps and the ideal speedup
 a table and writes JSON.
 
 Usage: .venv/bin/python benchmarks/fanout_latency.py [--ks 1 2 4 8 16]
-    [--ms 16 64] [--repeats 3] [--out fanout.json]
+    [--ms 16 64] [--repeats 5] [--out fanout.json]
 """
 
 import argparse
@@ -28,24 +28,10 @@ import json
 import statistics
 import time
 
-from tiny_setup import free_params, prepare, report
+from tiny_setup import count_steps, free_params, prepare, report
 
 PREFIX_TOKENS = 8  # a
 SUFFIX_TOKENS = 8  # n
-
-
-def count_steps(llm):
-    """Wraps the engine's step to count calls; returns the counter list."""
-    engine = llm.llm_engine
-    counter = [0]
-    step = engine.step
-
-    def counting_step():
-        counter[0] += 1
-        return step()
-
-    engine.step = counting_step
-    return counter
 
 
 def timed(llm, counter, prompts, params):
@@ -59,7 +45,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--ms", type=int, nargs="+", default=[16, 64])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="fanout_latency.json")
     args = parser.parse_args()
     max_len = PREFIX_TOKENS + max(args.ks) * (max(args.ms) + 2) + 64

@@ -7,7 +7,9 @@ children of m words, syncs and writes n more. Plain side, on a stock
 engine: for each hooked request, the same token work as independent plain
 requests (one of a + n tokens, k of m tokens over the same prompt). Both
 use the same scripted logits processor. Reports generated tokens per
-second of each and their ratio; prints a table and writes JSON.
+second of each, their ratio, and the engine steps each side took (the
+same tokens in more steps means smaller batches); prints a table and
+writes JSON.
 
 Usage: .venv/bin/python benchmarks/throughput.py [--requests 32] [--k 4]
     [--m 32] [--repeats 3] [--out throughput.json]
@@ -17,7 +19,7 @@ import argparse
 import statistics
 import time
 
-from tiny_setup import free_params, prepare, report
+from tiny_setup import count_steps, free_params, prepare, report
 
 PREFIX_TOKENS = 8
 SUFFIX_TOKENS = 8
@@ -53,8 +55,10 @@ def main() -> None:
     plain_prompts = ([prompt] + [prompt] * k) * args.requests
     plain_params = ([free_params(a + n, ids)] +
                     [free_params(m, ids)] * k) * args.requests
+    hooked_steps, plain_steps = count_steps(hooked), count_steps(plain)
     samples = {"hooks": [], "plain": []}
     for _ in range(args.repeats + 1):  # the first round warms up
+        hooked_steps[0] = plain_steps[0] = 0
         start = time.perf_counter()
         outputs = hooked.generate([prompt] * args.requests,
                                   hooked_params,
@@ -79,6 +83,10 @@ def main() -> None:
         "child_tokens": m,
         "hooks_tokens_per_s": round(statistics.median(samples["hooks"][1:])),
         "plain_tokens_per_s": round(statistics.median(samples["plain"][1:])),
+        "hooks_steps": hooked_steps[0],
+        "plain_steps": plain_steps[0],
+        "hooks_tokens": hooked_tokens,
+        "plain_tokens": plain_tokens,
     }
     summary["ratio"] = round(
         summary["hooks_tokens_per_s"] / summary["plain_tokens_per_s"], 3)

@@ -47,8 +47,26 @@ def free_params(tokens: int, ids):
         logits_processors=[scripted({(): [None] * tokens}, ids, role=())])
 
 
+def count_steps(llm) -> list[int]:
+    """Wraps the engine's step to count calls.
+
+    Returns:
+        A one-element list holding the count, which the caller may reset.
+    """
+    engine = llm.llm_engine
+    counter = [0]
+    step = engine.step
+
+    def counting_step():
+        counter[0] += 1
+        return step()
+
+    engine.step = counting_step
+    return counter
+
+
 def report(rows: list[dict], out: str, columns=None) -> None:
-    """Writes ``rows`` as JSON to ``out`` and prints them as a table.
+    """Writes ``rows`` as JSON to ``out`` and prints a Markdown table.
 
     Args:
         rows: One dict per measured case.
@@ -57,7 +75,8 @@ def report(rows: list[dict], out: str, columns=None) -> None:
     """
     Path(out).write_text(json.dumps(rows, indent=2))
     columns = list(columns or rows[0])
-    print("\n" + " | ".join(columns))
+    print("\n| " + " | ".join(columns) + " |")
+    print("|" + " --- |" * len(columns))
     for row in rows:
-        print(" | ".join(str(row[c]) for c in columns))
+        print("| " + " | ".join(str(row[c]) for c in columns) + " |")
     print(f"\nwrote {out}")

@@ -1,0 +1,295 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Recompute accounting: prefill tokens a fan-out costs beyond its prompt.
+
+Read from the scheduler's own outputs (each scheduled group's
+`token_chunk_size`, less the prefix-cache hits the block manager reports
+for it), for the same fan-out run three ways side by side:
+
+- hooks: the hooked engine with room to spare. A child's first step
+  computes its role marker on top of the parent's KV cache; a resume
+  computes `<sync>` and the merged tokens.
+- client join: a stock engine with prefix caching, the way APR/
+  ThreadWeaver-style systems join: the parent's prefix, then k requests
+  over it, then one request over the merged context. Cache hits are whole
+  blocks only, so every request also recomputes its context's last,
+  partial block.
+- recompute preemption: the hooked engine on a KV cache that just holds
+  one `max_model_len` sequence, so the scheduler preempts: each preempted
+  sequence (or evicted parked parent) recomputes its whole context.
+
+Each workload is `copies` requests at once over distinct prompts of
+`context` tokens: `a` tokens, k promises, sync, `n` tokens; children write
+m tokens. Prints a table and writes JSON.
+
+Usage: .venv/bin/python benchmarks/recompute_accounting.py [--ks 2 4 8]
+    [--context 192] [--m 32] [--copies 2] [--out recompute_accounting.json]
+"""
+
+import argparse
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Optional
+
+from tiny_setup import free_params, prepare, report
+
+BLOCK_SIZE = 16
+PREFIX_TOKENS = 8  # a
+SUFFIX_TOKENS = 8  # n
+MAX_STEPS = 20000
+
+
+@dataclass
+class PrefillPhase:
+    """One run of prefill chunks of a sequence, up to its first decode."""
+    # "prompt", "child start", "resume" or "recompute".
+    kind: str
+    # The sequence group's request id.
+    request_id: str
+    # Tokens the scheduler scheduled (token_chunk_size summed).
+    scheduled: int = 0
+    # Of those, tokens not served by the prefix cache: the model's work.
+    computed: int = 0
+
+
+class PrefillRecorder:
+    """Wraps a scheduler's `schedule` to record every prefill phase.
+
+    A phase starts at a sequence's first prefill chunk after a decode (or
+    ever) and its kind follows from the scheduler's state then: a fresh
+    top-level sequence is a prompt, a chunk from position 0 of a sequence
+    that ran before (or of a child that never ran on its parent's blocks)
+    is a recompute, a child's first chunk on shared blocks is a child
+    start, any other is a resume.
+    """
+
+    def __init__(self, llm, top_level_ids: Optional[set]) -> None:
+        """
+        Args:
+            llm: The `LLM` whose scheduler to record.
+            top_level_ids: Request ids that are not children; None if no
+                request is a child (a stock engine).
+        """
+        self.top_level_ids = top_level_ids
+        self.phases: list[PrefillPhase] = []
+        self._open: dict[int, PrefillPhase] = {}
+        self._seen: set[int] = set()
+        self.scheduler = llm.llm_engine.scheduler[0]
+        self._schedule = self.scheduler.schedule
+        self.scheduler.schedule = self._recording_schedule
+
+    def _recording_schedule(self):
+        metadata, outputs, allow_async = self._schedule()
+        block_manager = self.scheduler.block_manager
+        for scheduled in outputs.scheduled_seq_groups:
+            group = scheduled.seq_group
+            seq = group.first_seq
+            if not group.is_prefill():
+                self._open.pop(seq.seq_id, None)
+                self._seen.add(seq.seq_id)
+                continue
+            done = seq.data.get_num_computed_tokens()
+            phase = self._open.get(seq.seq_id)
+            if phase is None or done == 0:
+                phase = PrefillPhase(self._kind(group, done), group.request_id)
+                self._open[seq.seq_id] = phase
+                self.phases.append(phase)
+            cached = max(0, block_manager.get_num_cached_tokens(seq) - done)
+            # A fully cached prefill still computes its last token.
+            cached = min(cached, scheduled.token_chunk_size - 1)
+            phase.scheduled += scheduled.token_chunk_size
+            phase.computed += scheduled.token_chunk_size - cached
+            self._seen.add(seq.seq_id)
+        return metadata, outputs, allow_async
+
+    def _kind(self, group, done: int) -> str:
+        seq_id = group.first_seq.seq_id
+        if done == 0:
+            top_level = (self.top_level_ids is None
+                         or group.request_id in self.top_level_ids)
+            fresh = top_level and seq_id not in self._seen
+            return "prompt" if fresh else "recompute"
+        return "resume" if seq_id in self._seen else "child start"
+
+    def take(self, kind: str) -> list[PrefillPhase]:
+        """The phases of ``kind`` recorded so far, which are forgotten."""
+        taken = [p for p in self.phases if p.kind == kind]
+        self.phases = [p for p in self.phases if p.kind != kind]
+        return taken
+
+    def clear(self) -> None:
+        self.phases.clear()
+
+
+def run_engine(llm, requests) -> dict:
+    """Runs ``requests`` (id, prompt, params) to the end; outputs by id."""
+    engine = llm.llm_engine
+    for request_id, prompt, params in requests:
+        engine.add_request(request_id, prompt, params)
+    outputs = {}
+    for _ in range(MAX_STEPS):
+        if not engine.has_unfinished_requests():
+            return outputs
+        outputs.update((o.request_id, o) for o in engine.step() if o.finished)
+    raise RuntimeError(f"not finished after {MAX_STEPS} steps")
+
+
+def mean(phases: list[PrefillPhase], attr: str) -> float:
+    return round(statistics.mean(getattr(p, attr) for p in phases), 1)
+
+
+def total(phases: list[PrefillPhase]) -> int:
+    return sum(p.computed for p in phases)
+
+
+def fan_out(llm, recorder: PrefillRecorder, prompts, params):
+    """Runs the hooked fan-out over ``prompts`` (one request each).
+
+    Returns:
+        The mean number of merged tokens per request and the scheduler's
+        preemptions during the run.
+    """
+    scheduler = llm.llm_engine.scheduler[0]
+    recorder.clear()
+    before = scheduler.num_cumulative_preemption
+    outputs = run_engine(llm, [(f"fan-{c}", {
+        "prompt_token_ids": prompt
+    }, params) for c, prompt in enumerate(prompts)])
+    merged = statistics.mean(o.promise_tree.num_merged_tokens
+                             for o in outputs.values())
+    return merged, scheduler.num_cumulative_preemption - before
+
+
+def client_join(llm, recorder: PrefillRecorder, prompts, k: int, m: int, ids):
+    """Runs the same programs as prefix, k child requests and a merge
+    request per prompt, on a stock engine with prefix caching.
+
+    Returns:
+        The prefill phases of the child requests and of the merge requests.
+    """
+    # The cache must not hold an earlier run's (identical greedy) blocks.
+    assert llm.reset_prefix_cache()
+    tokenizer = llm.get_tokenizer()
+    prefixes = run_engine(llm, [(f"prefix-{c}", {
+        "prompt_token_ids": prompt
+    }, free_params(PREFIX_TOKENS, ids)) for c, prompt in enumerate(prompts)])
+    contexts = [
+        prompt + list(prefixes[f"prefix-{c}"].outputs[0].token_ids)
+        for c, prompt in enumerate(prompts)
+    ]
+    recorder.clear()
+    children = run_engine(
+        llm, [(f"child-{c}-{i}", {
+            "prompt_token_ids": context + [ids.promise, ids.child]
+        }, free_params(m, ids)) for c, context in enumerate(contexts)
+              for i in range(k)])
+    child_phases = recorder.take("prompt")
+    merges = [
+        context +
+        tokenizer.encode("\n".join(children[f"child-{c}-{i}"].outputs[0].text
+                                   for i in range(k)),
+                         add_special_tokens=False)
+        for c, context in enumerate(contexts)
+    ]
+    run_engine(llm, [(f"merge-{c}", {
+        "prompt_token_ids": merge
+    }, free_params(SUFFIX_TOKENS, ids)) for c, merge in enumerate(merges)])
+    return child_phases, recorder.take("prompt")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--context", type=int, default=192)
+    parser.add_argument("--m", type=int, default=32)
+    parser.add_argument("--copies", type=int, default=2)
+    parser.add_argument("--out", default="recompute_accounting.json")
+    args = parser.parse_args()
+    a, n, m = PREFIX_TOKENS, SUFFIX_TOKENS, args.m
+    # Merged text re-tokenizes to about m tokens per child plus separators.
+    max_len = args.context + a + max(args.ks) * (m + 4) + n + 32
+    ids, tokenizer, model = prepare(max_positions=max_len)
+    from engines import tiny_llm
+    from oracle import scripted
+
+    from vllm import SamplingParams
+
+    common = dict(max_model_len=max_len, block_size=BLOCK_SIZE)
+    hooked = tiny_llm(model, ids, **common)
+    stock = tiny_llm(model, enable_prefix_caching=True, **common)
+    tight = tiny_llm(model,
+                     ids,
+                     num_gpu_blocks_override=math.ceil(max_len / BLOCK_SIZE),
+                     **common)
+    # Word ids follow the special tokens; each copy its own sequence.
+    words = range(ids.child + 1, len(tokenizer))
+    prompts = [[words[(c * 5 + i) % len(words)] for i in range(args.context)]
+               for c in range(args.copies)]
+    top_level = {f"fan-{c}" for c in range(args.copies)}
+    hooked_phases = PrefillRecorder(hooked, top_level)
+    tight_phases = PrefillRecorder(tight, top_level)
+    stock_phases = PrefillRecorder(stock, None)
+
+    rows = []
+    for k in args.ks:
+        plans = {(): [None] * a + [ids.promise] * k + [ids.sync] + [None] * n}
+        for child in range(k):
+            plans[(child, )] = [None] * m
+        params = SamplingParams(temperature=0.0,
+                                max_tokens=max_len - args.context,
+                                logits_processors=[scripted(plans, ids)])
+
+        merged, _ = fan_out(hooked, hooked_phases, prompts, params)
+        starts = hooked_phases.take("child start")
+        resumes = hooked_phases.take("resume")
+        assert len(starts) == k * args.copies == len(resumes) * k
+        assert not hooked_phases.take("recompute"), "roomy cache preempted"
+
+        _, preemptions = fan_out(tight, tight_phases, prompts, params)
+        recomputes = tight_phases.take("recompute")
+        tight_extra = (recomputes + tight_phases.take("child start") +
+                       tight_phases.take("resume"))
+
+        join_children, join_merges = client_join(stock, stock_phases, prompts,
+                                                 k, m, ids)
+
+        hooks_total = total(starts) + total(resumes)
+        join_total = total(join_children) + total(join_merges)
+        row = {
+            "k":
+            k,
+            "context":
+            args.context,
+            "merged_tokens":
+            merged,
+            # Per child start / per resume; "a/b" = scheduled/computed.
+            "hooks_child_start":
+            mean(starts, "computed"),
+            "join_child": (f"{mean(join_children, 'scheduled')}/"
+                           f"{mean(join_children, 'computed')}"),
+            "hooks_resume":
+            mean(resumes, "computed"),
+            "join_merge": (f"{mean(join_merges, 'scheduled')}/"
+                           f"{mean(join_merges, 'computed')}"),
+            "preemptions":
+            preemptions,
+            "recomputes":
+            len(recomputes),
+            "per_recompute":
+            (mean(recomputes, "computed") if recomputes else 0),
+            # Computed beyond the prompts, whole workload.
+            "hooks_total":
+            hooks_total,
+            "join_total":
+            join_total,
+            "preempted_total":
+            total(tight_extra),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    report(rows, args.out)
+
+
+if __name__ == "__main__":
+    main()
