@@ -8,8 +8,8 @@ parking, merges and resumes marked) to a PNG whose path it prints.
 
 The embedded model (models/expand, see its MODEL_CARD.md) solves the
 "expand" task: for k groups of words it promises k children, each of which
-writes its group's words four times, syncs, and ends with the number of
-groups.
+writes its group's words four times and answers with the group's first
+word; it syncs, and concludes with the answers it reads in the merge.
 """
 
 import argparse
@@ -27,10 +27,29 @@ DEFAULT_PROMPTS = [
     "left then right yes no tree bird",
 ]
 LANE_HEIGHT, STEP_WIDTH, MARGIN, MIN_WIDTH = 22, 12, 130, 960
+COLORS = {
+    "run": (70, 130, 180),
+    "prefill": (230, 150, 30),
+    "resume": (230, 150, 30),
+    "parked": (200, 200, 200),
+}
 
 
 def run_with_timeline(llm, prompts, params):
-    """Steps the engine by hand, noting per step what each sequence did."""
+    """Generates for ``prompts``, stepping the engine by hand to note what
+    each sequence did at each step.
+
+    Args:
+        llm: A hooked `LLM`.
+        prompts: The prompts; their requests get ids "0", "1", ...
+        params: The sampling parameters of every prompt.
+
+    Returns:
+        The outputs in prompt order; per request id (children included),
+        the kind of each step it was live in ("prefill": its prompt or a
+        child's start, "run": a decode, "parked", "resume": the prefill of
+        merged tokens); and the number of steps.
+    """
     engine = llm.llm_engine
     scheduler = engine.scheduler[0]
     for i, prompt in enumerate(prompts):
@@ -47,8 +66,18 @@ def run_with_timeline(llm, prompts, params):
         scheduled.update(
             (request_id, "parked") for request_id in scheduler.blocked)
         for m, g in zip(metadata, out.scheduled_seq_groups):
-            scheduled[m.request_id] = ("prefill" if m.is_prompt
-                                       and g.token_chunk_size > 1 else "run")
+            past = events.get(m.request_id, {})
+            previous = past[max(past)] if past else None
+            computed = g.seq_group.first_seq.data.get_num_computed_tokens()
+            if not m.is_prompt:
+                kind = "run"
+            elif previous in ("prefill", "resume"):
+                kind = previous  # its next chunk
+            elif previous is not None and computed > 0:
+                kind = "resume"
+            else:  # a prompt, a child's start, or a recompute
+                kind = "prefill"
+            scheduled[m.request_id] = kind
         return metadata, out, allow_async
 
     scheduler.schedule = recording_schedule
@@ -65,8 +94,13 @@ def run_with_timeline(llm, prompts, params):
     return [outputs[str(i)] for i in range(len(prompts))], events, step
 
 
-def lane_order(request_id: str):
-    """Requests in order, each followed by its children in spawn order."""
+def lane_order(request_id: str) -> tuple[int, int]:
+    """Sort key of a timeline lane: requests in order, each followed by its
+    children in spawn order.
+
+    Args:
+        request_id: "3" for a request, "3/promise-17" for a child of it.
+    """
     root, _, child = request_id.partition("/promise-")
     return int(root), int(child or -1)
 
@@ -75,17 +109,12 @@ def draw_timeline(events, num_steps, path: Path) -> None:
     """Draws one lane per sequence over engine steps to a PNG at ``path``.
 
     Args:
-        events: Per request id, what it did at each step it was live:
-            "prefill", "run" (decode) or "parked".
+        events: Per request id, what it did at each step it was live (see
+            `run_with_timeline`).
         num_steps: Engine steps the run took.
         path: Where to write the picture.
     """
     from PIL import Image, ImageDraw
-    colors = {
-        "run": (70, 130, 180),
-        "prefill": (230, 150, 30),
-        "parked": (200, 200, 200)
-    }
     lanes = sorted(events, key=lane_order)
     # Short runs get wider steps, so the picture is never mostly margin.
     step_width = max(STEP_WIDTH, (MIN_WIDTH - MARGIN - 20) // num_steps)
@@ -106,11 +135,11 @@ def draw_timeline(events, num_steps, path: Path) -> None:
         for step, kind in steps.items():
             x = MARGIN + step_width * step
             draw.rectangle([x, y + 4, x + step_width - 1, y + LANE_HEIGHT - 4],
-                           fill=colors[kind])
-            if kind == "prefill" and steps.get(step - 1) == "parked":
-                mark(step, y, "green")  # merged, resuming
+                           fill=COLORS[kind])
+            if kind == "resume" and steps.get(step - 1) != "resume":
+                mark(step, y, "green")
         if "/" in request_id:
-            mark(min(steps), y, "red")  # spawned
+            mark(min(steps), y, "red")
     for step in range(0, num_steps + 1, 5):
         x = MARGIN + step_width * step
         draw.line([x, axis_y, x, axis_y + 4], fill="black")
@@ -118,13 +147,19 @@ def draw_timeline(events, num_steps, path: Path) -> None:
     draw.text((4, axis_y + 6), "engine step", fill="black")
     draw.text((4, axis_y + LANE_HEIGHT + 10),
               "blue: decode  orange: prefill chunk (prompt, child start, "
-              "resume)  grey: parked by <sync>  red: spawn  green: merge",
+              "resume)  grey: parked by <sync>  red: spawn  green: merged, "
+              "resuming",
               fill="black")
     image.save(path)
 
 
-def print_tree(node, indent="  "):
-    """Prints each child of ``node`` with what it wrote, depth first."""
+def print_tree(node, indent: str) -> None:
+    """Prints each child of ``node`` with what it wrote, depth first.
+
+    Args:
+        node: A `PromiseNode`.
+        indent: Printed before each of its children's lines.
+    """
     for child in node.children:
         print(f"{indent}{child.request_id} ({child.finish_reason}): "
               f"{child.text.strip()!r}")

@@ -2,12 +2,15 @@
 """Trains a tiny Llama that speaks promise/sync on a parallel task.
 
 The task ("expand"): the prompt lists k groups of 5 words, separated by
-"then". The parent writes one `<promise>` per group, then `<sync>`; the
-engine merges the children's texts; the parent then writes the number of
-groups and ends. The child of the i-th promise (it starts with `<child>`)
-writes every word of group i four times (20 words) and ends. Every answer
-is checkable by a program, and children write enough tokens for
-parallelism to matter.
+"then". The parent writes one `<promise>` per group, then `<sync>`. The
+child of the i-th promise (it starts with `<child>`) writes every word of
+group i four times (20 words), then "so" and its answer, the group's first
+word, and ends. The engine merges the children's texts into the parent,
+whose conclusion lists the answers it reads there. In training, some
+answers the parent sees are replaced by random words (and its conclusion
+follows them), so it learns to read the merged results instead of working
+them out from its prompt. Every answer is checkable by a program, and
+children write enough tokens for parallelism to matter.
 
 Usage: .venv/bin/python tools/train_promise_model.py [--out DIR]
     [--steps 2500] [--seed 0]
@@ -30,9 +33,13 @@ tiny_model = importlib.import_module("tiny_model")
 CHILD, PROMISE, SYNC = tiny_model.CHILD, tiny_model.PROMISE, tiny_model.SYNC
 
 SEPARATOR = "then"
-NUMBERS = {2: "two", 3: "three", 4: "four"}
+# Precedes a child's answer.
+MARKER = "so"
+GROUP_SIZES = (2, 3, 4)
 GROUP_WORDS = 5
 REPEAT = 4
+# Share of children whose answer the parent sees replaced in training.
+REPLACED = 0.3
 CONTENT = [
     "cat", "dog", "bird", "fish", "tree", "sun", "moon", "star", "red", "blue",
     "green", "big", "small", "old", "new", "yes", "no", "up", "down", "left",
@@ -41,55 +48,87 @@ CONTENT = [
 
 
 def make_task(rng: random.Random) -> list[list[str]]:
-    k = rng.choice(sorted(NUMBERS))
+    """A random task: 2 to 4 groups of `GROUP_WORDS` content words."""
+    k = rng.choice(GROUP_SIZES)
     return [rng.choices(CONTENT, k=GROUP_WORDS) for _ in range(k)]
 
 
 def prompt_of(groups: list[list[str]]) -> str:
+    """The task's prompt: the groups, separated by "then"."""
     return f" {SEPARATOR} ".join(" ".join(g) for g in groups)
 
 
-def child_answer(group: list[str]) -> str:
-    return " ".join(w for w in group for _ in range(REPEAT))
+def child_text(group: list[str]) -> str:
+    """What the child of ``group`` writes: each word `REPEAT` times, then
+    "so" and its answer (the group's first word)."""
+    words = [w for w in group for _ in range(REPEAT)]
+    return " ".join(words + [MARKER, group[0]])
+
+
+def conclusion_of(child_texts: list[str]) -> str:
+    """The parent's conclusion: each child's answer, read off its text."""
+    return " ".join(text.split()[-1] for text in child_texts)
 
 
 def expected_parent_text(groups: list[list[str]]) -> str:
     """The parent's text as the hooked engine produces it (words only)."""
-    merged = " ".join(child_answer(g) for g in groups)
-    return f"{merged} {NUMBERS[len(groups)]}"
+    texts = [child_text(g) for g in groups]
+    return " ".join(texts + [conclusion_of(texts)])
 
 
-def examples(tokenizer, groups):
-    """(token ids, loss mask) for the parent and each child."""
+def examples(tokenizer, groups: list[list[str]], rng: random.Random):
+    """Training rows for one task: the parent's, then each child's.
+
+    Args:
+        tokenizer: The tiny word-level tokenizer.
+        groups: The task.
+        rng: Chooses which answers the parent sees replaced.
+
+    Returns:
+        An iterator of (token ids, loss mask) pairs; the mask is 1 where
+        the sequence writes the token itself.
+    """
     ids = tokenizer.convert_tokens_to_ids
     prompt = tokenizer.encode(prompt_of(groups), add_special_tokens=False)
     k = len(groups)
-    merged = tokenizer.encode("\n".join(child_answer(g) for g in groups),
-                              add_special_tokens=False)
-    answer = ids(NUMBERS[k])
+    texts = [child_text(g) for g in groups]
+    seen = [
+        text if rng.random() >= REPLACED else
+        f"{text.rsplit(' ', 1)[0]} {rng.choice(CONTENT)}" for text in texts
+    ]
+    merged = tokenizer.encode("\n".join(seen), add_special_tokens=False)
+    conclusion = tokenizer.encode(conclusion_of(seen),
+                                  add_special_tokens=False)
     eos = tokenizer.eos_token_id
     parent_out = [ids(PROMISE)] * k + [ids(SYNC)]
-    tokens = prompt + parent_out + merged + [answer, eos]
+    tokens = prompt + parent_out + merged + conclusion + [eos]
     # Merged tokens are given by the engine, not predicted.
     mask = ([0] * len(prompt) + [1] * len(parent_out) + [0] * len(merged) +
-            [1, 1])
+            [1] * (len(conclusion) + 1))
     yield tokens, mask
-    for i, group in enumerate(groups):
+    for i, text in enumerate(texts):
         head = prompt + [ids(PROMISE)] * (i + 1) + [ids(CHILD)]
-        body = tokenizer.encode(child_answer(group),
-                                add_special_tokens=False) + [eos]
+        body = tokenizer.encode(text, add_special_tokens=False) + [eos]
         yield head + body, [0] * len(head) + [1] * len(body)
 
 
-def batches(tokenizer, rng, size):
+def batches(tokenizer, rng: random.Random, size: int):
     """One training step's rows, as (tokens, loss mask) tensors.
 
     Parents' rows (which hold the merged text) are about twice as long as
     children's; padding each kind to its own width saves a third of the
     compute.
+
+    Args:
+        tokenizer: The tiny word-level tokenizer.
+        rng: The source of the tasks.
+        size: Tasks per step.
+
+    Returns:
+        An iterator of two (tokens, loss mask) pairs of tensors.
     """
     rows = sorted((row for _ in range(size)
-                   for row in examples(tokenizer, make_task(rng))),
+                   for row in examples(tokenizer, make_task(rng), rng)),
                   key=lambda row: len(row[0]))
     pad = tokenizer.pad_token_id
     half = len(rows) // 2
