@@ -9,18 +9,23 @@ Side by side in one run, for each (k, m):
 - sequential: one plain request generating the same a + k*m + n tokens;
 - client join: the way APR/ThreadWeaver-style systems do it on a stock
   engine with prefix caching: the parent's prefix, then k requests sharing
-  it, then one request over the merged context.
+  it (child i's prompt ends with i + 1 promises and the role marker, as
+  the hooked child i's context does), then one request over the merged
+  context. The prefix cache is emptied before each join, so no join
+  reuses an earlier run's blocks.
 
 Every run applies the same scripted logits processor (hooks forced, the
 rest free with special tokens masked), so its per-token cost is the same on
-all three sides. Each engine is warmed up first.
+all three sides, and the stock engine gets the scheduling options hooks
+turn on (chunked prefill, no async output processing). Each engine is
+warmed up first.
 
 Reports wall time, engine steps and the ideal speedup
 (a + k*m + n) / (a + m + 1 + n); measured / ideal is the headline. Prints
 a table and writes JSON.
 
 Usage: .venv/bin/python benchmarks/fanout_latency.py [--ks 1 2 4 8 16]
-    [--ms 16 64] [--repeats 5] [--out fanout.json]
+    [--ms 16 64] [--repeats 5] [--out fanout_latency.json]
 """
 
 import argparse
@@ -35,10 +40,59 @@ SUFFIX_TOKENS = 8  # n
 
 
 def timed(llm, counter, prompts, params):
+    """Generates and measures.
+
+    Args:
+        llm: The `LLM` to generate with.
+        counter: ``llm``'s step counter (from `count_steps`).
+        prompts: The prompts.
+        params: Their sampling parameters.
+
+    Returns:
+        The outputs, the wall time in seconds and the engine steps.
+    """
     counter[0] = 0
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     return outputs, time.perf_counter() - start, counter[0]
+
+
+def client_join(llm, counter, prompt: str, k: int, m: int, ids):
+    """The fan-out as a client does it on a stock engine.
+
+    Args:
+        llm: A stock `LLM` with prefix caching.
+        counter: ``llm``'s step counter (from `count_steps`).
+        prompt: The parent's prompt.
+        k: Child requests.
+        m: Tokens each child request writes.
+        ids: The tiny tokenizer's hook token ids.
+
+    Returns:
+        The wall time in seconds and the engine steps of the three calls.
+    """
+    assert llm.reset_prefix_cache()
+    counter[0] = 0
+    start = time.perf_counter()
+    [prefix] = llm.generate([prompt],
+                            free_params(PREFIX_TOKENS, ids),
+                            use_tqdm=False)
+    context = list(prefix.prompt_token_ids) + list(prefix.outputs[0].token_ids)
+    children = llm.generate([{
+        "prompt_token_ids":
+        context + [ids.promise] * (i + 1) + [ids.child]
+    } for i in range(k)],
+                            free_params(m, ids),
+                            use_tqdm=False)
+    merged = llm.get_tokenizer().encode("\n".join(c.outputs[0].text
+                                                  for c in children),
+                                        add_special_tokens=False)
+    llm.generate([{
+        "prompt_token_ids": context + merged
+    }],
+                 free_params(SUFFIX_TOKENS, ids),
+                 use_tqdm=False)
+    return time.perf_counter() - start, counter[0]
 
 
 def main() -> None:
@@ -49,14 +103,18 @@ def main() -> None:
     parser.add_argument("--out", default="fanout_latency.json")
     args = parser.parse_args()
     max_len = PREFIX_TOKENS + max(args.ks) * (max(args.ms) + 2) + 64
-    ids, tokenizer, model = prepare(max_positions=max_len)
+    ids, _, model = prepare(max_positions=max_len)
     from engines import tiny_llm
     from oracle import scripted
 
     from vllm import SamplingParams
 
     hooked = tiny_llm(model, ids, max_model_len=max_len)
-    plain = tiny_llm(model, max_model_len=max_len, enable_prefix_caching=True)
+    plain = tiny_llm(model,
+                     max_model_len=max_len,
+                     enable_prefix_caching=True,
+                     enable_chunked_prefill=True,
+                     disable_async_output_proc=True)
     hooked_steps, plain_steps = count_steps(hooked), count_steps(plain)
     prompt = "the cat sees"
 
@@ -83,31 +141,11 @@ def main() -> None:
                 _, wall, steps = timed(plain, plain_steps, [prompt],
                                        free_params(total, ids))
                 runs["sequential"].append((wall, steps))
-                # Client-side join: prefix, k children sharing it, merge.
-                start = time.perf_counter()
-                plain_steps[0] = 0
-                [prefix] = plain.generate([prompt],
-                                          free_params(a, ids),
-                                          use_tqdm=False)
-                context = list(prefix.prompt_token_ids) + list(
-                    prefix.outputs[0].token_ids)
-                children = plain.generate(
-                    [{
-                        "prompt_token_ids": context + [ids.child]
-                    }] * k,
-                    free_params(m, ids),
-                    use_tqdm=False)
-                merged = tokenizer.encode("\n".join(c.outputs[0].text
-                                                    for c in children),
-                                          add_special_tokens=False)
-                plain.generate([{
-                    "prompt_token_ids": context + merged
-                }],
-                               free_params(n, ids),
-                               use_tqdm=False)
                 runs["client_join"].append(
-                    (time.perf_counter() - start, plain_steps[0]))
-                assert out.promise_tree is not None
+                    client_join(plain, plain_steps, prompt, k, m, ids))
+                children = out.promise_tree.children
+                assert len(children) == k
+                assert all(len(c.text.split()) == m for c in children)
             ideal = (a + k * m + n) / (a + m + 1 + n)
             row = {"k": k, "m": m, "ideal_speedup": round(ideal, 2)}
             for name, samples in runs.items():

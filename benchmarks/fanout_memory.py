@@ -21,18 +21,26 @@ from tiny_setup import prepare, report
 BLOCK_SIZE = 16
 
 
-def peak_blocks(llm, requests) -> int:
-    """Runs ``requests`` (id, prompt, params) to the end; the peak blocks."""
+def peak_blocks(llm, requests):
+    """Runs requests to the end, reading the blocks in use after each step.
+
+    Args:
+        llm: The `LLM` to run them on.
+        requests: (request id, prompt, sampling params) triples.
+
+    Returns:
+        The peak number of KV blocks in use, and the final outputs.
+    """
     engine = llm.llm_engine
     block_manager = engine.scheduler[0].block_manager
     total = block_manager.num_total_gpu_blocks
     for request_id, prompt, params in requests:
         engine.add_request(request_id, prompt, params)
-    peak = 0
+    peak, outputs = 0, []
     while engine.has_unfinished_requests():
-        engine.step()
+        outputs += [o for o in engine.step() if o.finished]
         peak = max(peak, total - block_manager.get_num_free_gpu_blocks())
-    return peak
+    return peak, outputs
 
 
 def main() -> None:
@@ -58,18 +66,21 @@ def main() -> None:
         plans = {(): [ids.promise] * k + [ids.sync, None]}
         for child in range(k):
             plans[(child, )] = [None] * args.m
-        fan_out = peak_blocks(
+        fan_out, [tree] = peak_blocks(
             hooked,
             [(f"fan-{k}", " ".join(context),
               SamplingParams(temperature=0.0,
                              max_tokens=k * (args.m + 2) + 8,
                              logits_processors=[scripted(plans, ids)]))])
+        children = tree.promise_tree.children
+        assert len(children) == k
+        assert all(len(c.text.split()) == args.m for c in children)
         tokens = tokenizer.encode(" ".join(context), add_special_tokens=False)
-        independent = peak_blocks(plain, [(f"ind-{k}-{i}", {
+        independent, _ = peak_blocks(plain, [(f"ind-{k}-{i}", {
             "prompt_token_ids":
             tokens + [ids.promise, ids.child]
         }, SamplingParams(temperature=0.0, max_tokens=args.m, ignore_eos=True))
-                                          for i in range(k)])
+                                             for i in range(k)])
         row = {
             "k": k,
             "context_tokens": args.context,

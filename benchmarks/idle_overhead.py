@@ -21,9 +21,10 @@ from tiny_setup import prepare, report
 
 
 class BanTokens:
-    """Keeps the given tokens from ever being sampled."""
+    """Logits processor that keeps the given tokens from being sampled."""
 
     def __init__(self, token_ids):
+        # The banned token ids.
         self.token_ids = list(token_ids)
 
     def __call__(self, output_ids, logits):

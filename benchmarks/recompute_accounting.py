@@ -6,16 +6,20 @@ Read from the scheduler's own outputs (each scheduled group's
 for it), for the same fan-out run three ways side by side:
 
 - hooks: the hooked engine with room to spare. A child's first step
-  computes its role marker on top of the parent's KV cache; a resume
-  computes `<sync>` and the merged tokens.
+  computes the parent's `<promise>` and its role marker on top of the
+  parent's KV cache; a resume computes `<sync>` and the merged tokens.
 - client join: a stock engine with prefix caching, the way APR/
   ThreadWeaver-style systems join: the parent's prefix, then k requests
-  over it, then one request over the merged context. Cache hits are whole
-  blocks only, so every request also recomputes its context's last,
-  partial block.
+  over it (child i's prompt ends with i + 1 promises and the role marker,
+  as the hooked child i's context does), then one request over the merged
+  context. Cache hits are whole blocks only, so every request also
+  recomputes its context's last, partial block.
 - recompute preemption: the hooked engine on a KV cache that just holds
-  one `max_model_len` sequence, so the scheduler preempts: each preempted
-  sequence (or evicted parked parent) recomputes its whole context.
+  one `max_model_len` sequence (or all prompts, if more), so the scheduler
+  preempts: each preempted sequence (or evicted parked parent, or child
+  that waited for a running slot) recomputes its whole context. How often
+  that happens depends on the cache size chosen; the cost of each event
+  does not.
 
 Each workload is `copies` requests at once over distinct prompts of
 `context` tokens: `a` tokens, k promises, sync, `n` tokens; children write
@@ -113,17 +117,33 @@ class PrefillRecorder:
         return "resume" if seq_id in self._seen else "child start"
 
     def take(self, kind: str) -> list[PrefillPhase]:
-        """The phases of ``kind`` recorded so far, which are forgotten."""
+        """Removes and returns the phases of one kind recorded so far.
+
+        Args:
+            kind: "prompt", "child start", "resume" or "recompute".
+
+        Returns:
+            Those phases, in the order they started.
+        """
         taken = [p for p in self.phases if p.kind == kind]
         self.phases = [p for p in self.phases if p.kind != kind]
         return taken
 
     def clear(self) -> None:
+        """Forgets the phases recorded so far."""
         self.phases.clear()
 
 
 def run_engine(llm, requests) -> dict:
-    """Runs ``requests`` (id, prompt, params) to the end; outputs by id."""
+    """Runs requests on ``llm``'s engine until all are finished.
+
+    Args:
+        llm: The `LLM` to run them on.
+        requests: (request id, prompt, sampling params) triples.
+
+    Returns:
+        The final `RequestOutput` of each request, by request id.
+    """
     engine = llm.llm_engine
     for request_id, prompt, params in requests:
         engine.add_request(request_id, prompt, params)
@@ -135,16 +155,27 @@ def run_engine(llm, requests) -> dict:
     raise RuntimeError(f"not finished after {MAX_STEPS} steps")
 
 
-def mean(phases: list[PrefillPhase], attr: str) -> float:
+def mean(phases: list[PrefillPhase], attr: str = "computed") -> float:
+    """The mean of ``attr`` over ``phases``, 0 if there are none."""
+    if not phases:
+        return 0
     return round(statistics.mean(getattr(p, attr) for p in phases), 1)
 
 
 def total(phases: list[PrefillPhase]) -> int:
+    """Tokens computed over ``phases``."""
     return sum(p.computed for p in phases)
 
 
-def fan_out(llm, recorder: PrefillRecorder, prompts, params):
+def fan_out(llm, recorder: PrefillRecorder, prompts, params, k: int):
     """Runs the hooked fan-out over ``prompts`` (one request each).
+
+    Args:
+        llm: A hooked `LLM`.
+        recorder: The recorder of ``llm``'s scheduler; cleared first.
+        prompts: Token ids of each request's prompt.
+        params: The scripted program's sampling parameters.
+        k: Children the program promises; checked.
 
     Returns:
         The mean number of merged tokens per request and the scheduler's
@@ -156,14 +187,23 @@ def fan_out(llm, recorder: PrefillRecorder, prompts, params):
     outputs = run_engine(llm, [(f"fan-{c}", {
         "prompt_token_ids": prompt
     }, params) for c, prompt in enumerate(prompts)])
+    assert all(len(o.promise_tree.children) == k for o in outputs.values())
     merged = statistics.mean(o.promise_tree.num_merged_tokens
                              for o in outputs.values())
     return merged, scheduler.num_cumulative_preemption - before
 
 
 def client_join(llm, recorder: PrefillRecorder, prompts, k: int, m: int, ids):
-    """Runs the same programs as prefix, k child requests and a merge
+    """Runs the same token counts as prefix, k child requests and a merge
     request per prompt, on a stock engine with prefix caching.
+
+    Args:
+        llm: A stock `LLM` with prefix caching.
+        recorder: The recorder of ``llm``'s scheduler.
+        prompts: Token ids of each request's prompt.
+        k: Child requests per prompt.
+        m: Tokens each child request writes.
+        ids: The tiny tokenizer's hook token ids.
 
     Returns:
         The prefill phases of the child requests and of the merge requests.
@@ -179,11 +219,11 @@ def client_join(llm, recorder: PrefillRecorder, prompts, k: int, m: int, ids):
         for c, prompt in enumerate(prompts)
     ]
     recorder.clear()
-    children = run_engine(
-        llm, [(f"child-{c}-{i}", {
-            "prompt_token_ids": context + [ids.promise, ids.child]
-        }, free_params(m, ids)) for c, context in enumerate(contexts)
-              for i in range(k)])
+    children = run_engine(llm, [(f"child-{c}-{i}", {
+        "prompt_token_ids":
+        context + [ids.promise] * (i + 1) + [ids.child]
+    }, free_params(m, ids)) for c, context in enumerate(contexts)
+                                for i in range(k)])
     child_phases = recorder.take("prompt")
     merges = [
         context +
@@ -218,9 +258,15 @@ def main() -> None:
     common = dict(max_model_len=max_len, block_size=BLOCK_SIZE)
     hooked = tiny_llm(model, ids, **common)
     stock = tiny_llm(model, enable_prefix_caching=True, **common)
+    # The least vLLM accepts (one max_model_len sequence), but room for
+    # every prompt at once, so that the requests run together and grow
+    # into preemptions instead of waiting for each other.
+    tight_blocks = max(
+        math.ceil(max_len / BLOCK_SIZE),
+        args.copies * (math.ceil(args.context / BLOCK_SIZE) + 1))
     tight = tiny_llm(model,
                      ids,
-                     num_gpu_blocks_override=math.ceil(max_len / BLOCK_SIZE),
+                     num_gpu_blocks_override=tight_blocks,
                      **common)
     # Word ids follow the special tokens; each copy its own sequence.
     words = range(ids.child + 1, len(tokenizer))
@@ -240,52 +286,40 @@ def main() -> None:
                                 max_tokens=max_len - args.context,
                                 logits_processors=[scripted(plans, ids)])
 
-        merged, _ = fan_out(hooked, hooked_phases, prompts, params)
+        merged, _ = fan_out(hooked, hooked_phases, prompts, params, k)
         starts = hooked_phases.take("child start")
         resumes = hooked_phases.take("resume")
         assert len(starts) == k * args.copies == len(resumes) * k
-        assert not hooked_phases.take("recompute"), "roomy cache preempted"
+        assert not hooked_phases.take("recompute"), (
+            "a sequence of the roomy run restarted from position 0")
 
-        _, preemptions = fan_out(tight, tight_phases, prompts, params)
+        _, preemptions = fan_out(tight, tight_phases, prompts, params, k)
         recomputes = tight_phases.take("recompute")
+        assert recomputes, "the small cache forced no recompute"
+        parents = [p for p in recomputes if p.request_id in top_level]
+        children = [p for p in recomputes if p.request_id not in top_level]
         tight_extra = (recomputes + tight_phases.take("child start") +
                        tight_phases.take("resume"))
 
         join_children, join_merges = client_join(stock, stock_phases, prompts,
                                                  k, m, ids)
-
-        hooks_total = total(starts) + total(resumes)
-        join_total = total(join_children) + total(join_merges)
-        row = {
-            "k":
-            k,
-            "context":
-            args.context,
-            "merged_tokens":
-            merged,
-            # Per child start / per resume; "a/b" = scheduled/computed.
-            "hooks_child_start":
-            mean(starts, "computed"),
-            "join_child": (f"{mean(join_children, 'scheduled')}/"
-                           f"{mean(join_children, 'computed')}"),
-            "hooks_resume":
-            mean(resumes, "computed"),
-            "join_merge": (f"{mean(join_merges, 'scheduled')}/"
-                           f"{mean(join_merges, 'computed')}"),
-            "preemptions":
-            preemptions,
-            "recomputes":
-            len(recomputes),
-            "per_recompute":
-            (mean(recomputes, "computed") if recomputes else 0),
-            # Computed beyond the prompts, whole workload.
-            "hooks_total":
-            hooks_total,
-            "join_total":
-            join_total,
-            "preempted_total":
-            total(tight_extra),
-        }
+        row = dict(k=k, context=args.context, merged_tokens=merged)
+        # Per child start, per resume, per join request, per recompute.
+        row.update(hooks_child_start=mean(starts),
+                   join_child_scheduled=mean(join_children, "scheduled"),
+                   join_child_computed=mean(join_children),
+                   hooks_resume=mean(resumes),
+                   join_merge_scheduled=mean(join_merges, "scheduled"),
+                   join_merge_computed=mean(join_merges),
+                   preemptions=preemptions,
+                   recomputed_children=len(children),
+                   per_child_recompute=mean(children),
+                   recomputed_parents=len(parents),
+                   per_parent_recompute=mean(parents))
+        # Computed beyond the prompts, whole workload.
+        row.update(hooks_total=total(starts) + total(resumes),
+                   join_total=total(join_children) + total(join_merges),
+                   preempted_total=total(tight_extra))
         rows.append(row)
         print(json.dumps(row), flush=True)
     report(rows, args.out)

@@ -6,16 +6,19 @@ Hooked side: N requests, each a parent that writes a words, promises k
 children of m words, syncs and writes n more. Plain side, on a stock
 engine: for each hooked request, the same token work as independent plain
 requests (one of a + n tokens, k of m tokens over the same prompt). Both
-use the same scripted logits processor. Reports generated tokens per
-second of each, their ratio, and the engine steps each side took (the
-same tokens in more steps means smaller batches); prints a table and
-writes JSON.
+use the same scripted logits processor. Reports generated words (hook
+tokens and EOS not counted) per second of each, their ratio, and the
+engine steps each side took (the same words in more steps means smaller
+batches); prints a table and writes JSON. `--profile` then shows how much
+of a hooked round the hook functions take.
 
 Usage: .venv/bin/python benchmarks/throughput.py [--requests 32] [--k 4]
-    [--m 32] [--repeats 3] [--out throughput.json]
+    [--m 32] [--repeats 3] [--out throughput.json] [--profile]
 """
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
 
@@ -32,10 +35,19 @@ def main() -> None:
     parser.add_argument("--m", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="throughput.json")
+    parser.add_argument("--profile",
+                        action="store_true",
+                        help="then profile one hooked round and print the "
+                        "hook functions' share")
     args = parser.parse_args()
     ids, _, model = prepare()
     from engines import tiny_llm
     from oracle import scripted
+    from tiny_model import SPECIAL_TOKENS
+
+    def words(token_ids) -> int:
+        # Special tokens (hooks, EOS) are not counted as generated output.
+        return sum(t >= len(SPECIAL_TOKENS) for t in token_ids)
 
     from vllm import SamplingParams
 
@@ -64,33 +76,43 @@ def main() -> None:
                                   hooked_params,
                                   use_tqdm=False)
         hooked_time = time.perf_counter() - start
-        # Tokens generated: the parents' own and the children's.
-        hooked_tokens = sum(
-            len(o.outputs[0].token_ids) - o.promise_tree.num_merged_tokens +
-            sum(len(c.token_ids) for c in o.promise_tree.children)
+        # Words generated: the parents' own and the children's.
+        hooked_words = sum(
+            words(o.outputs[0].token_ids) - o.promise_tree.num_merged_tokens +
+            sum(words(c.token_ids) for c in o.promise_tree.children)
             for o in outputs)
         start = time.perf_counter()
         plain_outputs = plain.generate(plain_prompts,
                                        plain_params,
                                        use_tqdm=False)
         plain_time = time.perf_counter() - start
-        plain_tokens = sum(len(o.outputs[0].token_ids) for o in plain_outputs)
-        samples["hooks"].append(hooked_tokens / hooked_time)
-        samples["plain"].append(plain_tokens / plain_time)
+        plain_words = sum(words(o.outputs[0].token_ids) for o in plain_outputs)
+        samples["hooks"].append(hooked_words / hooked_time)
+        samples["plain"].append(plain_words / plain_time)
     summary = {
         "requests": args.requests,
         "children_per_request": k,
         "child_tokens": m,
-        "hooks_tokens_per_s": round(statistics.median(samples["hooks"][1:])),
-        "plain_tokens_per_s": round(statistics.median(samples["plain"][1:])),
+        "hooks_words_per_s": round(statistics.median(samples["hooks"][1:])),
+        "plain_words_per_s": round(statistics.median(samples["plain"][1:])),
         "hooks_steps": hooked_steps[0],
         "plain_steps": plain_steps[0],
-        "hooks_tokens": hooked_tokens,
-        "plain_tokens": plain_tokens,
+        "hooks_words": hooked_words,
+        "plain_words": plain_words,
     }
     summary["ratio"] = round(
-        summary["hooks_tokens_per_s"] / summary["plain_tokens_per_s"], 3)
+        summary["hooks_words_per_s"] / summary["plain_words_per_s"], 3)
     report([summary], args.out)
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.runcall(hooked.generate, [prompt] * args.requests,
+                        hooked_params,
+                        use_tqdm=False)
+        stats = pstats.Stats(profile).sort_stats("cumulative")
+        print(f"\nprofiled hooked round: {stats.total_tt:.2f} s in all "
+              "(cProfile slows everything; compare shares)")
+        stats.print_stats(r"sequence_hook\.py.*\((_promise|_sync|_finish|"
+                          r"_merge)\)")
 
 
 if __name__ == "__main__":

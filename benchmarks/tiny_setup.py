@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the benchmarks share: the V0 CPU set-up and a tiny test model."""
 
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -32,12 +34,25 @@ def prepare(max_positions: Optional[int] = None):
                   tokenizer.eos_token_id)
     spec = (TinyModelSpec(
         max_positions=max_positions) if max_positions else TinyModelSpec())
-    return ids, tokenizer, build_tiny_model(Path(tempfile.mkdtemp()), spec)
+    folder = tempfile.mkdtemp(prefix="tiny-model-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return ids, tokenizer, build_tiny_model(Path(folder), spec)
 
 
 def free_params(tokens: int, ids):
-    """`tokens` free tokens through the scripted processor the hooked runs
-    use, so that its per-token cost is the same on every side."""
+    """Sampling parameters for a plain request on the benchmarks' terms.
+
+    The scripted processor the hooked runs use lets the model choose every
+    token (special tokens masked), so its per-token cost is the same on
+    every side.
+
+    Args:
+        tokens: Tokens to generate.
+        ids: The tiny tokenizer's hook token ids.
+
+    Returns:
+        Greedy `SamplingParams` for exactly ``tokens`` tokens.
+    """
     from oracle import scripted
 
     from vllm import SamplingParams
