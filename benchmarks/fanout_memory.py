@@ -16,7 +16,7 @@ Usage: .venv/bin/python benchmarks/fanout_memory.py [--ks 1 2 4 8 16]
 import argparse
 import json
 
-from tiny_setup import prepare, report
+from tiny_setup import prepare, report, run_requests
 
 BLOCK_SIZE = 16
 
@@ -29,18 +29,19 @@ def peak_blocks(llm, requests):
         requests: (request id, prompt, sampling params) triples.
 
     Returns:
-        The peak number of KV blocks in use, and the final outputs.
+        The peak number of KV blocks in use, and the final outputs by
+        request id.
     """
-    engine = llm.llm_engine
-    block_manager = engine.scheduler[0].block_manager
+    block_manager = llm.llm_engine.scheduler[0].block_manager
     total = block_manager.num_total_gpu_blocks
-    for request_id, prompt, params in requests:
-        engine.add_request(request_id, prompt, params)
-    peak, outputs = 0, []
-    while engine.has_unfinished_requests():
-        outputs += [o for o in engine.step() if o.finished]
-        peak = max(peak, total - block_manager.get_num_free_gpu_blocks())
-    return peak, outputs
+    peak = [0]
+
+    def note_blocks_in_use():
+        used = total - block_manager.get_num_free_gpu_blocks()
+        peak[0] = max(peak[0], used)
+
+    outputs = run_requests(llm, requests, note_blocks_in_use)
+    return peak[0], outputs
 
 
 def main() -> None:
@@ -66,13 +67,13 @@ def main() -> None:
         plans = {(): [ids.promise] * k + [ids.sync, None]}
         for child in range(k):
             plans[(child, )] = [None] * args.m
-        fan_out, [tree] = peak_blocks(
+        fan_out, trees = peak_blocks(
             hooked,
             [(f"fan-{k}", " ".join(context),
               SamplingParams(temperature=0.0,
                              max_tokens=k * (args.m + 2) + 8,
                              logits_processors=[scripted(plans, ids)]))])
-        children = tree.promise_tree.children
+        children = trees[f"fan-{k}"].promise_tree.children
         assert len(children) == k
         assert all(len(c.text.split()) == args.m for c in children)
         tokens = tokenizer.encode(" ".join(context), add_special_tokens=False)

@@ -36,12 +36,11 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
-from tiny_setup import free_params, prepare, report
+from tiny_setup import free_params, prepare, report, run_requests
 
 BLOCK_SIZE = 16
 PREFIX_TOKENS = 8  # a
 SUFFIX_TOKENS = 8  # n
-MAX_STEPS = 20000
 
 
 @dataclass
@@ -134,27 +133,6 @@ class PrefillRecorder:
         self.phases.clear()
 
 
-def run_engine(llm, requests) -> dict:
-    """Runs requests on ``llm``'s engine until all are finished.
-
-    Args:
-        llm: The `LLM` to run them on.
-        requests: (request id, prompt, sampling params) triples.
-
-    Returns:
-        The final `RequestOutput` of each request, by request id.
-    """
-    engine = llm.llm_engine
-    for request_id, prompt, params in requests:
-        engine.add_request(request_id, prompt, params)
-    outputs = {}
-    for _ in range(MAX_STEPS):
-        if not engine.has_unfinished_requests():
-            return outputs
-        outputs.update((o.request_id, o) for o in engine.step() if o.finished)
-    raise RuntimeError(f"not finished after {MAX_STEPS} steps")
-
-
 def mean(phases: list[PrefillPhase], attr: str = "computed") -> float:
     """The mean of ``attr`` over ``phases``, 0 if there are none."""
     if not phases:
@@ -184,7 +162,7 @@ def fan_out(llm, recorder: PrefillRecorder, prompts, params, k: int):
     scheduler = llm.llm_engine.scheduler[0]
     recorder.clear()
     before = scheduler.num_cumulative_preemption
-    outputs = run_engine(llm, [(f"fan-{c}", {
+    outputs = run_requests(llm, [(f"fan-{c}", {
         "prompt_token_ids": prompt
     }, params) for c, prompt in enumerate(prompts)])
     assert all(len(o.promise_tree.children) == k for o in outputs.values())
@@ -211,7 +189,7 @@ def client_join(llm, recorder: PrefillRecorder, prompts, k: int, m: int, ids):
     # The cache must not hold an earlier run's (identical greedy) blocks.
     assert llm.reset_prefix_cache()
     tokenizer = llm.get_tokenizer()
-    prefixes = run_engine(llm, [(f"prefix-{c}", {
+    prefixes = run_requests(llm, [(f"prefix-{c}", {
         "prompt_token_ids": prompt
     }, free_params(PREFIX_TOKENS, ids)) for c, prompt in enumerate(prompts)])
     contexts = [
@@ -219,11 +197,11 @@ def client_join(llm, recorder: PrefillRecorder, prompts, k: int, m: int, ids):
         for c, prompt in enumerate(prompts)
     ]
     recorder.clear()
-    children = run_engine(llm, [(f"child-{c}-{i}", {
+    children = run_requests(llm, [(f"child-{c}-{i}", {
         "prompt_token_ids":
         context + [ids.promise] * (i + 1) + [ids.child]
     }, free_params(m, ids)) for c, context in enumerate(contexts)
-                                for i in range(k)])
+                                  for i in range(k)])
     child_phases = recorder.take("prompt")
     merges = [
         context +
@@ -232,7 +210,7 @@ def client_join(llm, recorder: PrefillRecorder, prompts, k: int, m: int, ids):
                          add_special_tokens=False)
         for c, context in enumerate(contexts)
     ]
-    run_engine(llm, [(f"merge-{c}", {
+    run_requests(llm, [(f"merge-{c}", {
         "prompt_token_ids": merge
     }, free_params(SUFFIX_TOKENS, ids)) for c, merge in enumerate(merges)])
     return child_phases, recorder.take("prompt")

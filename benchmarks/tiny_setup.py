@@ -80,6 +80,32 @@ def count_steps(llm) -> list[int]:
     return counter
 
 
+def run_requests(llm, requests, after_step=None, max_steps: int = 20000):
+    """Runs requests on ``llm``'s engine, step by step, until all finish.
+
+    Args:
+        llm: The `LLM` to run them on.
+        requests: (request id, prompt, sampling params) triples.
+        after_step: Called after every engine step, if given.
+        max_steps: Steps after which a run that has not finished fails
+            (instead of hanging).
+
+    Returns:
+        The final `RequestOutput` of each request, by request id.
+    """
+    engine = llm.llm_engine
+    for request_id, prompt, params in requests:
+        engine.add_request(request_id, prompt, params)
+    outputs = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            return outputs
+        outputs.update((o.request_id, o) for o in engine.step() if o.finished)
+        if after_step is not None:
+            after_step()
+    raise RuntimeError(f"not finished after {max_steps} steps")
+
+
 def report(rows: list[dict], out: str, columns=None) -> None:
     """Writes ``rows`` as JSON to ``out`` and prints a Markdown table.
 

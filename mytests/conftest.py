@@ -58,6 +58,15 @@ def hook_ids() -> HookIds:
 
 
 @pytest.fixture(scope="session")
+def hooks(hook_ids) -> dict:
+    """The least `special_kwargs` (as a dict) that turns the hooks on."""
+    return {
+        "sync_token_id": hook_ids.sync,
+        "promise_token_id": hook_ids.promise
+    }
+
+
+@pytest.fixture(scope="session")
 def tiny_tokenizer_path(tmp_path_factory) -> Path:
     """The tiny tokenizer alone, for tests that run no model."""
     path = tmp_path_factory.mktemp("tiny-tokenizer")

@@ -34,3 +34,20 @@ def tiny_llm(model_path: Path,
                    "seed": 0,
                    **engine_kwargs
                })
+
+
+def engine_config(model_path: Path, **engine_kwargs):
+    """The engine configuration `EngineArgs` builds for the tiny model,
+    which is where bad hook configurations are refused.
+
+    Args:
+        model_path: The tiny model's folder.
+        engine_kwargs: Further engine arguments.
+
+    Returns:
+        The `VllmConfig`.
+    """
+    from vllm.engine.arg_utils import EngineArgs
+    return EngineArgs(model=str(model_path),
+                      max_model_len=128,
+                      **engine_kwargs).create_engine_config()

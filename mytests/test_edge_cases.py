@@ -7,6 +7,7 @@ user when left at their defaults."""
 import json
 
 import pytest
+from engines import engine_config
 from transformers import BartConfig
 
 import vllm.envs as envs
@@ -15,19 +16,6 @@ from vllm.core.scheduler import Scheduler
 from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
 from vllm.engine.arg_utils import EngineArgs
 from vllm.utils import FlexibleArgumentParser
-
-
-@pytest.fixture
-def hooks(hook_ids):
-    return {
-        "sync_token_id": hook_ids.sync,
-        "promise_token_id": hook_ids.promise
-    }
-
-
-def engine_config(model, **kwargs):
-    return EngineArgs(model=str(model), max_model_len=128,
-                      **kwargs).create_engine_config()
 
 
 def test_hooks_set_the_options_they_need(tiny_model_path, hooks):

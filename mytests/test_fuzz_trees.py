@@ -26,30 +26,18 @@ EXAMPLES = int(os.environ.get("HOOK_FUZZ_EXAMPLES", "40"))
 MAX_STEPS = 3000
 WORDS = ["the", "cat", "sees", "dog", "big", "red", "one", "two"]
 
-cases = st.fixed_dictionaries({
-    "seed":
-    st.integers(0, 2**32 - 1),
-    "num_gpu_blocks":
-    st.sampled_from([6, 10, 16, 64]),
-    "requests":
-    st.integers(1, 6),
-    "max_tokens":
-    st.integers(4, 40),
-    "max_children_per_sequence":
-    st.integers(1, 4),
-    "max_children_per_request":
-    st.integers(1, 8),
-    "max_depth":
-    st.integers(1, 3),
-    "promise_p":
-    st.floats(0.0, 0.4),
-    "sync_p":
-    st.floats(0.0, 0.4),
-    "eos_p":
-    st.floats(0.0, 0.2),
-    "abort_p":
-    st.floats(0.0, 0.05),
-})
+cases = st.fixed_dictionaries(
+    dict(seed=st.integers(0, 2**32 - 1),
+         num_gpu_blocks=st.sampled_from([6, 10, 16, 64]),
+         requests=st.integers(1, 6),
+         max_tokens=st.integers(4, 40),
+         max_children_per_sequence=st.integers(1, 4),
+         max_children_per_request=st.integers(1, 8),
+         max_depth=st.integers(1, 3),
+         promise_p=st.floats(0.0, 0.4),
+         sync_p=st.floats(0.0, 0.4),
+         eos_p=st.floats(0.0, 0.2),
+         abort_p=st.floats(0.0, 0.05)))
 
 
 @settings(max_examples=EXAMPLES,

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from vllm.engine.arg_utils import EngineArgs
+from engines import engine_config
 
 SCRIPT = Path(__file__).resolve().parent / "run_programs.py"
 
@@ -48,27 +47,18 @@ def test_programs_match_the_reference_with_tp2_mp(tiny_model_path):
         assert case["children"] == case["expected_children"], name
 
 
-def test_ray_backend_falls_back_to_mp_on_the_cpu(tiny_model_path, hook_ids):
-    config = EngineArgs(model=str(tiny_model_path),
-                        max_model_len=128,
-                        tensor_parallel_size=2,
-                        distributed_executor_backend="ray",
-                        special_kwargs={
-                            "sync_token_id": hook_ids.sync,
-                            "promise_token_id": hook_ids.promise
-                        }).create_engine_config()
+def test_ray_backend_falls_back_to_mp_on_the_cpu(tiny_model_path, hooks):
+    config = engine_config(tiny_model_path,
+                           tensor_parallel_size=2,
+                           distributed_executor_backend="ray",
+                           special_kwargs=hooks)
     # Upstream's CpuPlatform: "ray is not supported on CPU".
     assert config.parallel_config.distributed_executor_backend == "mp"
 
 
-def test_ray_spmd_delta_mode_is_refused(tiny_model_path, hook_ids,
-                                        monkeypatch):
+def test_ray_spmd_delta_mode_is_refused(tiny_model_path, hooks, monkeypatch):
     monkeypatch.setenv("VLLM_USE_RAY_SPMD_WORKER", "1")
     with pytest.raises(ValueError, match="Ray SPMD workers"):
-        EngineArgs(model=str(tiny_model_path),
-                   max_model_len=128,
-                   distributed_executor_backend="ray",
-                   special_kwargs={
-                       "sync_token_id": hook_ids.sync,
-                       "promise_token_id": hook_ids.promise
-                   }).create_engine_config()
+        engine_config(tiny_model_path,
+                      distributed_executor_backend="ray",
+                      special_kwargs=hooks)
