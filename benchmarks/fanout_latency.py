@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Fan-out latency: hooked fan-out vs sequential vs client-side join.
 
 A parent writes `a` tokens, promises k children of m tokens each, syncs and
@@ -33,7 +34,9 @@ import json
 import statistics
 import time
 
-from tiny_setup import count_steps, free_params, prepare, report
+from sequence_hooks_testkit.bench import (count_steps, free_params, prepare,
+                                          report)
+from sequence_hooks_testkit.oracle import scripted
 
 PREFIX_TOKENS = 8  # a
 SUFFIX_TOKENS = 8  # n
@@ -104,9 +107,7 @@ def main() -> None:
     args = parser.parse_args()
     max_len = PREFIX_TOKENS + max(args.ks) * (max(args.ms) + 2) + 64
     ids, _, model = prepare(max_positions=max_len)
-    from engines import tiny_llm
-    from oracle import scripted
-
+    from sequence_hooks_testkit.engines import tiny_llm
     from vllm import SamplingParams
 
     hooked = tiny_llm(model, ids, max_model_len=max_len)

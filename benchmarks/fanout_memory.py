@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Memory: KV blocks in use during a k-child fan-out vs k independent
 requests over the same context.
 
@@ -16,7 +17,8 @@ Usage: .venv/bin/python benchmarks/fanout_memory.py [--ks 1 2 4 8 16]
 import argparse
 import json
 
-from tiny_setup import prepare, report, run_requests
+from sequence_hooks_testkit.bench import prepare, report, run_requests
+from sequence_hooks_testkit.oracle import scripted
 
 BLOCK_SIZE = 16
 
@@ -53,9 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     max_len = args.context + max(args.ks) + args.m + 64
     ids, tokenizer, model = prepare(max_positions=max_len)
-    from engines import tiny_llm
-    from oracle import scripted
-
+    from sequence_hooks_testkit.engines import tiny_llm
     from vllm import SamplingParams
 
     common = dict(max_model_len=max_len, block_size=BLOCK_SIZE)

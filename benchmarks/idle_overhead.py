@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Idle overhead: the same hook-free workload with and without hooks.
 
 Runs a batch of plain requests (no special token is ever sampled: hook
@@ -17,7 +18,8 @@ import argparse
 import statistics
 import time
 
-from tiny_setup import prepare, report
+from sequence_hooks_testkit.bench import prepare, report
+from sequence_hooks_testkit.tiny_model import SPECIAL_TOKENS
 
 
 class BanTokens:
@@ -40,9 +42,7 @@ def main() -> None:
     parser.add_argument("--out", default="idle_overhead.json")
     args = parser.parse_args()
     ids, _, model = prepare()
-    from engines import tiny_llm
-    from tiny_model import SPECIAL_TOKENS
-
+    from sequence_hooks_testkit.engines import tiny_llm
     from vllm import SamplingParams
 
     # The stock engines get the scheduling options hooks turn on (chunked

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Plots fan-out speedup vs k against the ideal curve.
 
 Reads the JSON that `fanout_latency.py` writes and draws, per child length

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Recompute accounting: prefill tokens a fan-out costs beyond its prompt.
 
 Read from the scheduler's own outputs (each scheduled group's
@@ -36,7 +37,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
-from tiny_setup import free_params, prepare, report, run_requests
+from sequence_hooks_testkit.bench import (free_params, prepare, report,
+                                          run_requests)
+from sequence_hooks_testkit.oracle import scripted
+from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 
 BLOCK_SIZE = 16
 PREFIX_TOKENS = 8  # a
@@ -57,7 +61,7 @@ class PrefillPhase:
 
 
 class PrefillRecorder:
-    """Wraps a scheduler's `schedule` to record every prefill phase.
+    """Records every prefill phase the scheduler hands out.
 
     A phase starts at a sequence's first prefill chunk after a decode (or
     ever) and its kind follows from the scheduler's state then: a fresh
@@ -79,11 +83,9 @@ class PrefillRecorder:
         self._open: dict[int, PrefillPhase] = {}
         self._seen: set[int] = set()
         self.scheduler = llm.llm_engine.scheduler[0]
-        self._schedule = self.scheduler.schedule
-        self.scheduler.schedule = self._recording_schedule
+        ScheduleRecorder(self.scheduler, observe=self._record).start()
 
-    def _recording_schedule(self):
-        metadata, outputs, allow_async = self._schedule()
+    def _record(self, outputs) -> None:
         block_manager = self.scheduler.block_manager
         for scheduled in outputs.scheduled_seq_groups:
             group = scheduled.seq_group
@@ -104,7 +106,6 @@ class PrefillRecorder:
             phase.scheduled += scheduled.token_chunk_size
             phase.computed += scheduled.token_chunk_size - cached
             self._seen.add(seq.seq_id)
-        return metadata, outputs, allow_async
 
     def _kind(self, group, done: int) -> str:
         seq_id = group.first_seq.seq_id
@@ -228,9 +229,7 @@ def main() -> None:
     # Merged text re-tokenizes to about m tokens per child plus separators.
     max_len = args.context + a + max(args.ks) * (m + 4) + n + 32
     ids, tokenizer, model = prepare(max_positions=max_len)
-    from engines import tiny_llm
-    from oracle import scripted
-
+    from sequence_hooks_testkit.engines import tiny_llm
     from vllm import SamplingParams
 
     common = dict(max_model_len=max_len, block_size=BLOCK_SIZE)

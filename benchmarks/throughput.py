@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Throughput: many concurrent hooked requests vs the same tokens as plain
 requests.
 
@@ -22,7 +23,10 @@ import pstats
 import statistics
 import time
 
-from tiny_setup import count_steps, free_params, prepare, report
+from sequence_hooks_testkit.bench import (count_steps, free_params, prepare,
+                                          report)
+from sequence_hooks_testkit.oracle import scripted
+from sequence_hooks_testkit.tiny_model import SPECIAL_TOKENS
 
 PREFIX_TOKENS = 8
 SUFFIX_TOKENS = 8
@@ -41,9 +45,7 @@ def main() -> None:
                         "hook functions' share")
     args = parser.parse_args()
     ids, _, model = prepare()
-    from engines import tiny_llm
-    from oracle import scripted
-    from tiny_model import SPECIAL_TOKENS
+    from sequence_hooks_testkit.engines import tiny_llm
 
     def words(token_ids) -> int:
         # Special tokens (hooks, EOS) are not counted as generated output.

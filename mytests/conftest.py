@@ -1,15 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Fixtures shared by the fork's tests: the V0 engine and the tiny model."""
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from engines import tiny_llm
-from tiny_model import CHILD, PROMISE, SYNC, build_tiny_model, build_tokenizer
+
+from sequence_hooks_testkit.engines import tiny_llm
+from sequence_hooks_testkit.expand_eval import load as load_expand_model
+from sequence_hooks_testkit.tiny_model import (HookIds, build_tiny_model,
+                                               build_tokenizer, tiny_hook_ids)
 
 # Small KV cache (GiB) for the CPU engine; the tiny model needs little.
 KV_CACHE_GIB = "1"
+# The embedded model trained to speak promise/sync (models/expand).
+EXPAND_MODEL = Path(__file__).resolve().parent.parent / "models" / "expand"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -37,24 +42,9 @@ def plain_llm(tiny_model_path):
     return tiny_llm(tiny_model_path)
 
 
-@dataclass(frozen=True)
-class HookIds:
-    """Token ids of the tiny tokenizer that the hook tests use."""
-    # `<sync>`: join the children.
-    sync: int
-    # `<promise>`: spawn a child.
-    promise: int
-    # `<child>`: the role marker.
-    child: int
-    # End of sequence.
-    eos: int
-
-
 @pytest.fixture(scope="session")
 def hook_ids() -> HookIds:
-    tokenizer = build_tokenizer()
-    return HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
-                   tokenizer.eos_token_id)
+    return tiny_hook_ids()
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +71,14 @@ def hooked_llm(tiny_model_path, hook_ids):
     Stats logging is on, as in `vllm serve`, so every test runs through it.
     """
     return tiny_llm(tiny_model_path, hook_ids, disable_log_stats=False)
+
+
+@pytest.fixture(scope="session")
+def expand_model_path() -> Path:
+    return EXPAND_MODEL
+
+
+@pytest.fixture(scope="session")
+def expand_llm(expand_model_path):
+    """The embedded model on the hooked engine, as its card measures it."""
+    return load_expand_model(str(expand_model_path))

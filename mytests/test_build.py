@@ -1,13 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The build refuses patches that do not apply exactly, naming them."""
 
-import sys
 from pathlib import Path
 
+import build_fork
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import build_fork  # noqa: E402
 
 UPSTREAM_FILE = "vllm/engine/output_processor/interfaces.py"
 

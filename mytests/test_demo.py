@@ -1,58 +1,63 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The README's first command: the demo on the embedded model prints the
-answer and the promise tree, and its timeline shows what the engine did
-step by step."""
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The demo on the embedded model prints the answer and the promise tree,
+and its timeline shows what the engine did step by step."""
 
-import importlib
+import subprocess
 import sys
 from pathlib import Path
 
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "examples"))
-sys.path.insert(0, str(ROOT / "tools"))
-demo = importlib.import_module("demo")
-task = importlib.import_module("train_promise_model")
+from sequence_hooks_testkit import expand_task as task
+from sequence_hooks_testkit.timeline import (LANE_HEIGHT, draw_timeline,
+                                             layout_timeline,
+                                             run_with_timeline)
+from vllm import SamplingParams
 
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
 GROUPS = [["red", "cat", "dog", "sun", "moon"],
           ["fish", "big", "old", "new", "star"]]
 
 
-def test_demo_prints_the_tree_and_draws_every_step(tmp_path, monkeypatch,
-                                                   capsys):
-    drawn = {}
-    draw_timeline = demo.draw_timeline
-
-    def spy(events, num_steps, path):
-        drawn.update(events=events, num_steps=num_steps)
-        draw_timeline(events, num_steps, path)
-
+def test_demo_prints_the_answer_and_its_tree(tmp_path, expand_model_path):
     picture = tmp_path / "timeline.png"
-    monkeypatch.setattr(demo, "draw_timeline", spy)
-    monkeypatch.setattr(sys, "argv", [
-        "demo.py", "--prompt",
+    result = subprocess.run([
+        sys.executable,
+        str(DEMO), "--model",
+        str(expand_model_path), "--prompt",
         task.prompt_of(GROUPS), "--timeline",
         str(picture)
-    ])
-    demo.main()
-
-    printed = capsys.readouterr().out
+    ],
+                            capture_output=True,
+                            text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = result.stdout
     assert f"answer: {task.expected_parent_text(GROUPS)}" in printed
     assert "tree:   0 (the parent, stop)" in printed
     for group in GROUPS:
         assert f"(stop): '{task.child_text(group)}'" in printed
-    assert f"timeline ({drawn['num_steps']} engine steps): {picture}" in (
-        printed)
+    assert f"engine steps): {picture}" in printed
+    with Image.open(picture) as image:
+        # One lane per sequence, between a top margin and the axis/legend.
+        assert image.height == LANE_HEIGHT * (1 + len(GROUPS) + 4)
 
-    events = drawn["events"]
-    lanes = sorted(events, key=demo.lane_order)
-    root = events["0"]
-    children = [events[lane] for lane in lanes[1:]]
-    assert lanes[0] == "0" and len(children) == len(GROUPS)
+
+def test_timeline_shows_every_step_of_the_fan_out(expand_llm, tmp_path):
+    [output], events, num_steps = run_with_timeline(
+        expand_llm, [task.prompt_of(GROUPS)],
+        SamplingParams(temperature=0.0, max_tokens=128))
+    assert output.outputs[0].text.split() == task.expected_parent_text(
+        GROUPS).split()
+    layout = layout_timeline(events, num_steps)
+    children = [child.request_id for child in output.promise_tree.children]
+    # The parent's lane, then one per child in spawn order.
+    assert layout.lanes == ["0"] + children
+    root = layout.cells["0"]
     kinds = [root[step] for step in sorted(root)]
     # Every step of the root is accounted for, from its prompt to its end.
-    assert sorted(root) == list(range(len(root)))
+    assert sorted(root) == list(range(num_steps))
     # The prompt's prefill samples the first <promise>, decodes sample the
     # others and <sync>; parked; then one resume chunk and decodes.
     promises = len(GROUPS)
@@ -63,41 +68,22 @@ def test_demo_prints_the_tree_and_draws_every_step(tmp_path, monkeypatch,
     assert set(kinds[parked:resume]) == {"parked"}
     assert set(kinds[resume + 1:]) == {"run"}
     for i, child in enumerate(children):
-        steps = sorted(child)
+        steps = sorted(layout.cells[child])
         # Spawned by the i-th promise: starts the step after it, with a
         # prefill of its <promise> and <child> marker, then decodes.
-        assert steps[0] == 1 + i and child[steps[0]] == "prefill"
+        assert steps[0] == 1 + i and layout.cells[child][steps[0]] == "prefill"
         assert steps == list(range(steps[0], steps[-1] + 1))
-        assert {child[step] for step in steps[1:]} == {"run"}
+        assert {layout.cells[child][step] for step in steps[1:]} == {"run"}
         assert steps[-1] < resume
     # The parent resumes the step after its last child ends.
-    assert resume == max(max(child) for child in children) + 1
-
+    assert resume == max(max(layout.cells[c]) for c in children) + 1
+    # A spawn mark where each child starts, a merge mark where the parent
+    # resumes, and nothing else.
+    assert sorted(
+        layout.marks) == sorted([(child, 1 + i, "spawn")
+                                 for i, child in enumerate(children)] +
+                                [("0", resume, "merge")])
+    picture = tmp_path / "timeline.png"
+    draw_timeline(layout, picture)
     with Image.open(picture) as image:
-        image = image.convert("RGB")
-    num_steps = drawn["num_steps"]
-    step_width = (image.width - demo.MARGIN - 20) // num_steps
-    assert image.height == demo.LANE_HEIGHT * (len(lanes) + 4)
-    assert image.width <= demo.MIN_WIDTH < image.width + num_steps
-
-    def column(step: int) -> int:
-        return demo.MARGIN + step_width * step
-
-    for row, lane in enumerate(lanes):
-        y = demo.LANE_HEIGHT * (row + 1)
-        # Each live step's cell has its kind's colour; other steps are blank.
-        for step in range(num_steps):
-            cell = image.getpixel(
-                (column(step) + step_width // 2, y + demo.LANE_HEIGHT // 2))
-            kind = events[lane].get(step)
-            assert cell == (demo.COLORS[kind] if kind else (255, 255, 255))
-
-        # Marks stand out above the bars: red where a child was spawned,
-        # green where the parent resumed with the merge.
-        mark_step, color = ((resume, (0, 128, 0)) if lane == "0" else
-                            (min(events[lane]), (255, 0, 0)))
-        assert color in {
-            image.getpixel((x, y + 1))
-            for x in range(column(mark_step) - 1,
-                           column(mark_step) + 2)
-        }
+        assert image.height == LANE_HEIGHT * (len(layout.lanes) + 4)

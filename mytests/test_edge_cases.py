@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Bad `SpecialKwargs` and configurations the hooks cannot serve fail at
 engine start (in `EngineArgs.create_engine_config`, before any model is
 loaded) with a message saying why; the options hooks need are set for the
@@ -7,10 +8,10 @@ user when left at their defaults."""
 import json
 
 import pytest
-from engines import engine_config
 from transformers import BartConfig
 
 import vllm.envs as envs
+from sequence_hooks_testkit.engines import engine_config
 from vllm.config import SpecialKwargs
 from vllm.core.scheduler import Scheduler
 from vllm.core.sequence_hook_scheduler import SequenceHookScheduler

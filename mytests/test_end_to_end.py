@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """End-to-end: scripted promise/sync programs on the real hooked engine.
 
 Each program is forced through a per-request logits processor; the
@@ -8,85 +9,21 @@ engine is left clean: all KV blocks free, no parked group, no registered
 child.
 """
 
-import pytest
-from oracle import reference, scripted
+import dataclasses
 
+import pytest
+
+from sequence_hooks_testkit.engines import (assert_engine_clean,
+                                            assert_tree_matches, run_hooked)
+from sequence_hooks_testkit.oracle import reference, scripted
+from sequence_hooks_testkit.programs import NONE, programs
+from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from vllm import SamplingParams
 
-NONE = None
 PROMPTS = [
     "the cat sees", "one two three", "big red dog", "a small bird",
     "the sun and the moon", "old tree", "five fish", "green star"
 ]
-
-
-def programs(ids):
-    """Named programs: plans per role path (see ScriptedHooks)."""
-    P, S = ids.promise, ids.sync
-    return {
-        "one promise": {
-            (): [NONE, P, NONE, NONE, S, NONE, NONE],
-            (0, ): [NONE] * 4,
-        },
-        "several promises": {
-            (): [NONE, P, P, NONE, P, S, NONE],
-            (0, ): [NONE] * 3,
-            (1, ): [NONE] * 6,
-            (2, ): [NONE],
-        },
-        "nested": {
-            (): [NONE, P, NONE, S, NONE],
-            (0, ): [NONE, P, NONE, P, S, NONE],
-            (0, 0): [NONE] * 3,
-            (0, 1): [NONE] * 2,
-        },
-        "sync before the child finishes": {
-            (): [P, S, NONE],
-            (0, ): [NONE] * 10,
-        },
-        "sync after the child finished": {
-            (): [P] + [NONE] * 8 + [S, NONE],
-            (0, ): [NONE],
-        },
-        "two rounds": {
-            (): [P, NONE, S, NONE, P, P, S, NONE],
-            (0, ): [NONE] * 2,
-            (1, ): [NONE] * 3,
-            (2, ): [NONE] * 1,
-        },
-        "sync without children": {
-            (): [NONE, S, NONE, NONE],
-        },
-    }
-
-
-def assert_engine_clean(llm):
-    engine = llm.llm_engine
-    scheduler = engine.scheduler[0]
-    block_manager = scheduler.block_manager
-    assert not engine.has_unfinished_requests()
-    assert not scheduler.blocked
-    assert engine.seq_id_to_seq_group == {}
-    assert (block_manager.get_num_free_gpu_blocks() ==
-            block_manager.num_total_gpu_blocks)
-
-
-def assert_tree_matches(node, expected):
-    assert len(node.children) == len(expected.children)
-    for child, expected_child in zip(node.children, expected.children):
-        assert child.token_ids == expected_child.token_ids
-        assert child.finish_reason == "stop"
-        assert_tree_matches(child, expected_child)
-
-
-def run_hooked(llm, ids, prompts, plan_list, max_tokens=64):
-    params = [
-        SamplingParams(temperature=0.0,
-                       max_tokens=max_tokens,
-                       logits_processors=[scripted(plans, ids)])
-        for plans in plan_list
-    ]
-    return llm.generate(prompts, params, use_tqdm=False)
 
 
 @pytest.mark.parametrize("name", [
@@ -161,26 +98,14 @@ def test_aborting_a_request_aborts_its_tree(hooked_llm, hook_ids):
 
 
 def test_scheduled_tokens_for_child_start_and_parent_resume(
-        hooked_llm, hook_ids, monkeypatch):
-    scheduler = hooked_llm.llm_engine.scheduler[0]
-    schedule = scheduler.schedule
-    steps = []
-
-    def recording_schedule():
-        metadata, outputs, allow_async = schedule()
-        steps.append([(m.request_id, g.token_chunk_size, m.is_prompt)
-                      for m, g in zip(metadata, outputs.scheduled_seq_groups)])
-        return metadata, outputs, allow_async
-
-    monkeypatch.setattr(scheduler, "schedule", recording_schedule)
+        hooked_llm, hook_ids):
     plans = programs(hook_ids)["sync before the child finishes"]
-    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
+    with ScheduleRecorder(hooked_llm.llm_engine.scheduler[0]) as recorder:
+        [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
     root_id = output.request_id
     [child] = output.promise_tree.children
-    child_chunks = [(n, p) for step in steps for rid, n, p in step
-                    if rid == child.request_id]
-    root_chunks = [(n, p) for step in steps for rid, n, p in step
-                   if rid == root_id]
+    child_chunks = recorder.chunks_of(child.request_id)
+    root_chunks = recorder.chunks_of(root_id)
     # The child computes only <promise> and its role marker, then decodes.
     assert child_chunks[0] == (2, True)
     assert all(chunk == (1, False) for chunk in child_chunks[1:])
@@ -237,6 +162,62 @@ def test_seeded_sampling_gives_each_child_its_own_stream(hooked_llm, hook_ids):
     assert texts == [child.text for child in again.promise_tree.children]
     # Same context, same plan, different seeds: different samples.
     assert texts[0] != texts[1]
+    assert_engine_clean(hooked_llm)
+
+
+def test_a_child_does_not_replay_its_parents_seed(hooked_llm, hook_ids):
+    # A child's generator starts at its first step (a prefill). Seeded with
+    # the parent's seed, it would sample exactly what a fresh request with
+    # that seed samples over the same context.
+    plans = {(): [NONE, hook_ids.promise, hook_ids.sync], (0, ): [NONE] * 12}
+    [output] = hooked_llm.generate(
+        ["the cat sees"],
+        SamplingParams(temperature=1.0,
+                       seed=1234,
+                       max_tokens=40,
+                       logits_processors=[scripted(plans, hook_ids)]),
+        use_tqdm=False)
+    [child] = output.promise_tree.children
+    context = (output.prompt_token_ids +
+               list(output.outputs[0].token_ids[:2]) + [hook_ids.child])
+    [fresh
+     ] = hooked_llm.generate({"prompt_token_ids": context},
+                             SamplingParams(temperature=1.0,
+                                            seed=1234,
+                                            max_tokens=len(child.token_ids),
+                                            logits_processors=[
+                                                scripted(plans,
+                                                         hook_ids,
+                                                         role=(0, ))
+                                            ]),
+                             use_tqdm=False)
+    assert len(fresh.outputs[0].token_ids) == len(child.token_ids)
+    assert list(fresh.outputs[0].token_ids) != list(child.token_ids)
+    assert_engine_clean(hooked_llm)
+
+
+def test_outputs_carry_snapshots_that_never_change(hooked_llm, hook_ids):
+    engine = hooked_llm.llm_engine
+    plans = programs(hook_ids)["sync before the child finishes"]
+    engine.add_request(
+        "snapshot", {"prompt_token_ids": [7, 8, 9]},
+        SamplingParams(temperature=0.0,
+                       max_tokens=64,
+                       logits_processors=[scripted(plans, hook_ids)]))
+    trees = []
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.promise_tree is not None:
+                trees.append(output.promise_tree)
+    # The first tree a caller got shows the child running, for good.
+    early, final = trees[0], trees[-1]
+    assert early.children[0].finish_reason is None
+    assert early.children[0].token_ids == ()
+    assert final.children[0].finish_reason == "stop"
+    assert final.children[0].token_ids and final.num_merged_tokens > 0
+    assert final.children[0].parent is final
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        final.children[0].text = "changed"
     assert_engine_clean(hooked_llm)
 
 

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The installed ``vllm`` is this fork, and its V0 engine runs on the CPU."""
 
 import importlib.metadata
@@ -60,7 +61,8 @@ def test_greedy_is_deterministic(plain_llm, prompt):
 
 
 def test_tiny_model_is_deterministic_by_seed(tmp_path):
-    from tiny_model import TinyModelSpec, build_tiny_model
+    from sequence_hooks_testkit.tiny_model import (TinyModelSpec,
+                                                   build_tiny_model)
     first = build_tiny_model(tmp_path / "a", TinyModelSpec(seed=3))
     again = build_tiny_model(tmp_path / "b", TinyModelSpec(seed=3))
     other = build_tiny_model(tmp_path / "c", TinyModelSpec(seed=4))

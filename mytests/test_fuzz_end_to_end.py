@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Property-based: random promise/sync programs on the real engine, against
 the hook-free oracle.
 
@@ -14,8 +15,9 @@ import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle import reference
-from test_end_to_end import assert_engine_clean, run_hooked
+
+from sequence_hooks_testkit.engines import assert_engine_clean, run_hooked
+from sequence_hooks_testkit.oracle import reference
 
 EXAMPLES = int(os.environ.get("HOOK_FUZZ_E2E_EXAMPLES", "6"))
 PROMPTS = ["the cat sees", "one two three", "big red dog", "a small bird"]
@@ -48,7 +50,7 @@ def plans_of(tree, ids, role=()) -> dict:
 def assert_finished_children_match(node, expected):
     for child, expected_child in zip(node.children, expected.children):
         if child.finish_reason == "stop":
-            assert child.token_ids == expected_child.token_ids
+            assert list(child.token_ids) == expected_child.token_ids
             assert_finished_children_match(child, expected_child)
 
 
@@ -86,8 +88,7 @@ def test_random_programs_match_the_oracle(hooked_llm, plain_llm, hook_ids,
        abort_steps=st.lists(st.integers(0, 30), max_size=len(PROMPTS)))
 def test_random_aborts_leave_the_engine_clean_and_usable(
         hooked_llm, hook_ids, trees, abort_steps):
-    from oracle import scripted
-
+    from sequence_hooks_testkit.oracle import scripted
     from vllm import SamplingParams
     engine = hooked_llm.llm_engine
     request_ids = [f"fuzz-abort-{i}" for i in range(len(trees))]

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Property-based: random promise trees on the real scheduler, no model.
 
 Hypothesis draws a KV cache size, hook limits, requests and a seed; a
@@ -14,10 +15,10 @@ for the long run).
 import os
 import random
 
-from hook_harness import HookHarness
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from sequence_hooks_testkit.harness import HookHarness
 from vllm.config import SpecialKwargs
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceStatus

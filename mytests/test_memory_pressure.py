@@ -1,14 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A KV cache so small that children force preemption and parked parents
 hold scarce blocks: every request finishes, greedy outputs equal the same
 requests on a large cache, and requests that can never fit are refused the
 way stock vLLM refuses them."""
 
 import pytest
-from engines import tiny_llm
-from oracle import scripted
-from test_end_to_end import assert_engine_clean, run_hooked
 
+from sequence_hooks_testkit.engines import (assert_engine_clean, run_hooked,
+                                            tiny_llm)
+from sequence_hooks_testkit.oracle import scripted
 from vllm import SamplingParams
 
 BLOCK_SIZE = 16

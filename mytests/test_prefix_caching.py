@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Sequence hooks with prefix caching on: children enter the prefix-cache
 tracker when they fork, so freeing one before it was ever scheduled
 (parent ends, abort, preemption) is safe; outputs match the oracle."""
 
 import pytest
-from engines import tiny_llm
-from oracle import reference, scripted
-from test_end_to_end import assert_engine_clean, programs, run_hooked
 
+from sequence_hooks_testkit.engines import (assert_engine_clean, run_hooked,
+                                            tiny_llm)
+from sequence_hooks_testkit.oracle import reference, scripted
+from sequence_hooks_testkit.programs import programs
 from vllm import SamplingParams
 
 

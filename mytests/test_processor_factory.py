@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The output-processor factory picks the hook processor exactly when
 `special_kwargs` is configured."""
 
@@ -53,7 +54,11 @@ def test_special_kwargs_give_the_hook_processor(parts, hook_ids):
                        seq_id_to_seq_group=registry)
     assert type(processor) is SequenceHookOutputProcessor
     assert isinstance(processor, SingleStepOutputProcessor)
-    assert processor.seq_id_to_seq_group is registry
+    # One coordinator: it registers children in the engine's map, and the
+    # scheduler reports to it.
+    coordinator = processor.coordinator
+    assert coordinator.registry is registry
+    assert coordinator.scheduler.coordinator is coordinator
 
 
 def test_hook_processor_needs_the_hook_scheduler(parts, hook_ids):
@@ -70,5 +75,5 @@ def test_engines_pick_their_processor_and_scheduler(plain_llm, hooked_llm):
     hooked = hooked_llm.llm_engine
     assert type(hooked.output_processor) is SequenceHookOutputProcessor
     assert type(hooked.scheduler[0]) is SequenceHookScheduler
-    assert hooked.output_processor.seq_id_to_seq_group is (
+    assert hooked.output_processor.coordinator.registry is (
         hooked.seq_id_to_seq_group)

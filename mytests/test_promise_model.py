@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The embedded promise/sync model really speaks the protocol.
 
 Held-out "expand" tasks (seeds training never used) through the hooked
@@ -7,24 +8,10 @@ spawns one child per group (at least 2). And the parent's conclusion comes
 from the merged results: when the children are made to answer otherwise,
 the conclusion follows them, not the prompt."""
 
-import importlib
-import sys
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-MODEL = ROOT / "models" / "expand"
-sys.path.insert(0, str(ROOT / "tools"))
-evaluation = importlib.import_module("eval_promise_model")
+from sequence_hooks_testkit import expand_eval as evaluation
 
 TASKS = 100
 INTERVENTIONS = 40
-
-
-@pytest.fixture(scope="module")
-def expand_llm():
-    return evaluation.load(str(MODEL))
 
 
 def test_held_out_tasks_are_solved_in_parallel(expand_llm):

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Tripwires: the upstream symbols our patches and modules rely on.
 
 If upstream moves one of them (a new pin, a changed signature), these fail
@@ -11,13 +12,9 @@ naming it, before any behaviour test has to be debugged. Three kinds:
 
 import ast
 import inspect
-import sys
-from pathlib import Path
 
+import build_fork
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
-import build_fork  # noqa: E402
 
 # Upstream file -> {qualified function name: its parameters, pristine}.
 PATCHED_FUNCTIONS = {
@@ -113,7 +110,7 @@ def test_patched_shapes():
     assert "promise_tree" in inspect.signature(RequestOutput).parameters
     assert VllmConfig.__dataclass_fields__["special_kwargs"].default is None
     assert EngineArgs.__dataclass_fields__["special_kwargs"].default is None
-    assert SpecialKwargs.__module__ == "vllm.special_kwargs"
+    assert SpecialKwargs.__module__ == "sequence_hooks.special_kwargs"
 
 
 def params_of(function) -> list[str]:
@@ -156,3 +153,40 @@ def test_upstream_symbols_our_modules_rely_on():
     assert "_stage" in SequenceData.__struct_fields__
     assert "self._stage = SequenceStage.DECODE" in inspect.getsource(
         SequenceData.update_num_computed_tokens)
+
+
+def function_source(relative_path: str, qualname: str) -> str:
+    """A pristine upstream function's source, whitespace folded."""
+    source = (build_fork.pristine_tree("cpu") / relative_path).read_text()
+    class_name, name = qualname.split(".")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == name:
+                    return " ".join(
+                        ast.get_source_segment(source, item).split())
+    raise AssertionError(f"upstream {relative_path} lost {qualname}")
+
+
+def test_engine_processes_the_scheduled_groups_in_order():
+    """`PromiseTreeCoordinator` tells whether a group was processed earlier
+    in a step from its place in the scheduler's outputs: the engine must
+    process them in that order, skip a group that is finished when its
+    turn comes (no output), and make an output for every other processed
+    group, even one finished later in the step."""
+    loop = function_source("vllm/engine/llm_engine.py",
+                           "LLMEngine._process_model_outputs")
+    for step in [
+            "indices = range(len(seq_group_metadata_list))",
+            "for i in indices: if i in skip: continue",
+            "scheduled_seq_group = scheduler_outputs.scheduled_seq_groups[i]",
+            "if seq_group.is_finished(): finished_before.append(i) continue",
+            "self.output_processor.process_prompt_logprob(seq_group, output) "
+            "if seq_group_meta.do_sample: self.output_processor."
+            "process_outputs( seq_group, output, is_async)",
+            "if i in skip or i in finished_before or i in finished_now: "
+            "continue",
+            "request_output = RequestOutputFactory.create( seq_group, "
+            "self.seq_id_to_seq_group, use_cache=self.use_cached_outputs)",
+    ]:
+        assert step in loop, f"LLMEngine._process_model_outputs: {step!r}"

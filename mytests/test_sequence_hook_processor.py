@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Surgical tests of the hook processor on the real scheduler, no model.
 
 Each test plays engine steps through `HookHarness`, choosing the sampled
@@ -7,8 +8,8 @@ tokens and stages, and the promise tree.
 """
 
 import pytest
-from hook_harness import HookHarness
 
+from sequence_hooks_testkit.harness import HookHarness
 from vllm.config import SpecialKwargs
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceStage, SequenceStatus
@@ -437,3 +438,71 @@ def test_children_past_max_num_seqs_wait_their_turn(tiny_tokenizer_path,
     run_until_done(harness)
     assert [c.finish_reason for c in children_of(parent)] == ["stop", "length"]
     assert harness.free_blocks() == 64
+
+
+def test_children_get_seeds_of_their_own(harness, hook_ids):
+    parent = harness.add(
+        "0", PROMPT, SamplingParams(temperature=1.0, seed=7, max_tokens=32))
+    harness.step()
+    harness.step({"0": hook_ids.promise})
+    first_steps = [harness.step({"0": hook_ids.promise})]
+    first_steps.append(harness.step())
+    seeds = [
+        harness.live_group(child.request_id).sampling_params.seed
+        for child in children_of(parent)
+    ]
+    # Neither the parent's seed (its generator would replay the parent's
+    # stream) nor each other's; the parent keeps its own.
+    assert parent.sampling_params.seed == 7
+    assert 7 not in seeds and len(set(seeds)) == 2
+    # Seeded children start with a prefill, which creates their generator.
+    for child, scheduled in zip(children_of(parent), first_steps):
+        assert [
+            s.is_prompt for s in scheduled if s.request_id == child.request_id
+        ] == [True]
+
+
+def test_child_min_tokens_count_from_its_fork_point(harness, hook_ids):
+    parent = harness.add(
+        "0", PROMPT,
+        SamplingParams(temperature=0.0, min_tokens=4, max_tokens=32))
+    for _ in range(5):
+        harness.step()
+    harness.step({"0": hook_ids.promise})
+    child_id = children_of(parent)[0].request_id
+    child = harness.live_group(child_id)
+    # The child's context already holds 6 output tokens; EOS before four
+    # tokens of its own does not end it.
+    for _ in range(3):
+        harness.step({child_id: hook_ids.eos})
+        assert not child.is_finished()
+    harness.step({child_id: hook_ids.eos})
+    assert child.first_seq.status == SequenceStatus.FINISHED_STOPPED
+
+
+def test_merged_text_never_holds_hook_tokens(tiny_tokenizer_path, hook_ids):
+    # Children may not promise (max_depth=1), so a child's <promise> stays
+    # an ordinary token, as does a <sync> without children; with special
+    # tokens not skipped, both are in the child's detokenized text.
+    harness = make_harness(tiny_tokenizer_path, hook_ids, max_depth=1)
+    parent = harness.add(
+        "0", PROMPT,
+        SamplingParams(temperature=0.0,
+                       max_tokens=32,
+                       skip_special_tokens=False))
+    harness.step()
+    harness.step({"0": hook_ids.promise})
+    child_id = children_of(parent)[0].request_id
+    cat = word(harness, "cat")
+    harness.step({"0": hook_ids.sync, child_id: hook_ids.promise})
+    harness.step({child_id: hook_ids.sync})
+    child_seq = harness.live_group(child_id).first_seq
+    assert "<promise>" in child_seq.output_text
+    assert "<sync>" in child_seq.output_text
+    harness.step({child_id: cat})
+    harness.step({child_id: hook_ids.eos})
+
+    [child_node] = children_of(parent)
+    assert "cat" in child_node.text.split()
+    assert "<promise>" not in child_node.text
+    assert "<sync>" not in child_node.text

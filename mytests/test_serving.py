@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`vllm serve --special-kwargs`: the OpenAI API over a real server.
 
 One server (V0, its engine in its own process) runs the tiny model on a
@@ -8,86 +9,28 @@ builds from `scripted_hooks.from_role_plans` (allowed by
 `--logits-processor-pattern`). Every wait is bounded.
 """
 
-import json
-import os
-import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from oracle import scripted
-from tiny_model import SPECIAL_TOKENS
 
+from sequence_hooks_testkit.oracle import scripted
+from sequence_hooks_testkit.server import (STARTUP_SECONDS, VLLM, free_port,
+                                           metric, running_server,
+                                           scripted_request_body,
+                                           serve_command, server_env)
 from vllm import SamplingParams
 
-MYTESTS = Path(__file__).resolve().parent
-VLLM = str(Path(sys.executable).parent / "vllm")
-HOOKS_JSON = json.dumps({
-    "sync_token": "<sync>",
-    "promise_token": "<promise>",
-    "child_role_token": "<child>"
-})
-STARTUP_SECONDS = 180
 PROMPT = "the cat sees"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve_command(model, port, special_kwargs=HOOKS_JSON):
-    return [
-        VLLM, "serve",
-        str(model), "--host", "127.0.0.1", "--port",
-        str(port), "--max-model-len", "256", "--enforce-eager", "--dtype",
-        "float32", "--special-kwargs", special_kwargs,
-        "--logits-processor-pattern", r"scripted_hooks\."
-    ]
-
-
-def server_env() -> dict:
-    # No VLLM_USE_V1: the fork must choose V0 for a hooked model itself.
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_USE_V1"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(MYTESTS)] + [p for p in [env.get("PYTHONPATH")] if p])
-    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
-    return env
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_path, tmp_path_factory):
-    port = free_port()
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(serve_command(tiny_model_path, port),
-                                   stdout=out,
-                                   stderr=subprocess.STDOUT,
-                                   env=server_env())
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_SECONDS
-    try:
-        while True:
-            assert process.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, "server did not start"
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+    with running_server(tiny_model_path, log) as base:
         yield base, str(tiny_model_path), log
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 def program(ids, child_tokens=(3, 4)):
@@ -97,22 +40,6 @@ def program(ids, child_tokens=(3, 4)):
     for k, n in enumerate(child_tokens):
         plans[(k, )] = [None] * n
     return plans
-
-
-def request_body(plans, ids) -> dict:
-    return {
-        "logits_processors": [{
-            "qualname": "scripted_hooks.from_role_plans",
-            "kwargs": {
-                "role_plans":
-                [[list(role), plan] for role, plan in plans.items()],
-                "promise_id": ids.promise,
-                "child_id": ids.child,
-                "eos_id": ids.eos,
-                "masked_ids": list(range(len(SPECIAL_TOKENS))),
-            },
-        }]
-    }
 
 
 def client(server) -> openai.OpenAI:
@@ -125,31 +52,32 @@ def client(server) -> openai.OpenAI:
 KV_USAGE = "vllm:sequence_hook_kv_cache_usage_perc"
 
 
-def metric(server, name: str) -> float:
+def server_metric(server, name: str) -> float:
     base, model, _ = server
-    text = httpx.get(f"{base}/metrics", timeout=10).text
-    prefix = f'{name}{{model_name="{model}"}} '
-    for line in text.splitlines():
-        if line.startswith(prefix):
-            return float(line[len(prefix):])
-    raise AssertionError(f"{name} not on /metrics")
+    return metric(base, name, model)
 
 
-def test_completion_carries_the_merged_children(server, hooked_llm, hook_ids):
-    plans = program(hook_ids)
+def served_and_offline(server, hooked_llm, plans, hook_ids):
+    """The same greedy program as a served completion and offline."""
     _, model, _ = server
-    served = client(server).completions.create(model=model,
-                                               prompt=PROMPT,
-                                               max_tokens=40,
-                                               temperature=0.0,
-                                               extra_body=request_body(
-                                                   plans, hook_ids))
+    served = client(server).completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=40,
+        temperature=0.0,
+        extra_body=scripted_request_body(plans, hook_ids))
     [offline] = hooked_llm.generate(
         [PROMPT],
         SamplingParams(temperature=0.0,
                        max_tokens=40,
                        logits_processors=[scripted(plans, hook_ids)]),
         use_tqdm=False)
+    return served, offline
+
+
+def test_completion_carries_the_merged_children(server, hooked_llm, hook_ids):
+    plans = program(hook_ids)
+    served, offline = served_and_offline(server, hooked_llm, plans, hook_ids)
     assert served.choices[0].text == offline.outputs[0].text
     for child in offline.promise_tree.children:
         assert child.text.strip() and child.text.strip(
@@ -166,7 +94,7 @@ def test_streamed_completion_delivers_the_parents_deltas(server, hook_ids):
                   prompt=PROMPT,
                   max_tokens=40,
                   temperature=0.0,
-                  extra_body=request_body(plans, hook_ids))
+                  extra_body=scripted_request_body(plans, hook_ids))
     whole = client(server).completions.create(**kwargs).choices[0].text
     chunks = list(client(server).completions.create(stream=True, **kwargs))
     texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
@@ -187,7 +115,7 @@ def test_chat_plain_and_streamed(server, hook_ids):
                   }],
                   max_tokens=40,
                   temperature=0.0,
-                  extra_body=request_body(plans, hook_ids))
+                  extra_body=scripted_request_body(plans, hook_ids))
     whole = client(server).chat.completions.create(**kwargs)
     content = whole.choices[0].message.content
     assert len(content.split()) >= 2 + 3 + 4
@@ -197,12 +125,40 @@ def test_chat_plain_and_streamed(server, hook_ids):
     assert streamed == content
 
 
-def test_hook_metrics_are_exported(server):
-    for name in ("promises_spawned_total", "promises_refused_total",
-                 "syncs_blocked_total", "blocked_time_seconds_count",
-                 "children_running", "merged_tokens_total",
-                 "kv_cache_usage_perc"):
-        assert metric(server, f"vllm:sequence_hook_{name}") >= 0
+def test_hook_metrics_count_what_a_request_did(server, hooked_llm, hook_ids):
+    counters = ("promises_spawned_total", "promises_refused_total",
+                "syncs_blocked_total", "blocked_time_seconds_count",
+                "merged_tokens_total")
+
+    def read(names):
+        return {
+            name: server_metric(server, f"vllm:sequence_hook_{name}")
+            for name in names
+        }
+
+    before = read(counters)
+    plans = program(hook_ids)
+    _, offline = served_and_offline(server, hooked_llm, plans, hook_ids)
+    after = read(counters)
+    # Two promises; the sync parks the parent (its second child has just
+    # started), which is observed once, when the merge wakes it.
+    assert {
+        name: after[name] - before[name]
+        for name in counters
+    } == {
+        "promises_spawned_total": 2,
+        "promises_refused_total": 0,
+        "syncs_blocked_total": 1,
+        "blocked_time_seconds_count": 1,
+        "merged_tokens_total": offline.promise_tree.num_merged_tokens,
+    }
+    # Idle again: nothing alive, parked or holding KV blocks.
+    assert read(
+        ("children_running", "parents_parked", "kv_cache_usage_perc")) == {
+            "children_running": 0,
+            "parents_parked": 0,
+            "kv_cache_usage_perc": 0,
+        }
 
 
 def test_disconnect_mid_stream_aborts_the_tree(server, hook_ids):
@@ -213,29 +169,31 @@ def test_disconnect_mid_stream_aborts_the_tree(server, hook_ids):
         (0, ): [None] * 200,
         (1, ): [None] * 200,
     }
-    spawned = metric(server, "vllm:sequence_hook_promises_spawned_total")
+    spawned = server_metric(server,
+                            "vllm:sequence_hook_promises_spawned_total")
     body = dict(model=model,
                 prompt=PROMPT,
                 max_tokens=240,
                 temperature=0.0,
                 stream=True,
-                **request_body(plans, hook_ids))
+                **scripted_request_body(plans, hook_ids))
     with httpx.stream("POST", f"{base}/v1/completions", json=body,
                       timeout=60) as response:
         assert response.status_code == 200
         deadline = time.monotonic() + 60
-        while metric(
+        while server_metric(
                 server,
                 "vllm:sequence_hook_promises_spawned_total") < spawned + 2:
             assert time.monotonic() < deadline, "children never spawned"
             time.sleep(0.2)
-        assert metric(server, "vllm:sequence_hook_children_running") == 2
-        assert metric(server, KV_USAGE) > 0
+        assert server_metric(server,
+                             "vllm:sequence_hook_children_running") == 2
+        assert server_metric(server, KV_USAGE) > 0
     # Leaving the block closed the connection mid-stream.
     deadline = time.monotonic() + 60
-    while (metric(server, "vllm:num_requests_running") > 0
-           or metric(server, "vllm:sequence_hook_children_running") > 0
-           or metric(server, KV_USAGE) > 0):
+    while (server_metric(server, "vllm:num_requests_running") > 0
+           or server_metric(server, "vllm:sequence_hook_children_running") > 0
+           or server_metric(server, KV_USAGE) > 0):
         assert time.monotonic() < deadline, "tree not aborted"
         time.sleep(0.5)
 

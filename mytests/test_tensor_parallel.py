@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Sequence hooks under tensor parallelism: two CPU worker processes.
 
 The hooks live in the engine process; workers see only scheduled metadata
@@ -10,19 +11,16 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from engines import engine_config
 
-SCRIPT = Path(__file__).resolve().parent / "run_programs.py"
+from sequence_hooks_testkit.engines import engine_config
 
 
 def test_programs_match_the_reference_with_tp2_mp(tiny_model_path):
     result = subprocess.run(
         [
-            sys.executable,
-            str(SCRIPT),
+            sys.executable, "-m", "sequence_hooks_testkit.run_programs",
             str(tiny_model_path), "--tensor-parallel-size", "2",
             "--distributed-executor-backend", "mp"
         ],

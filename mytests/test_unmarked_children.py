@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Hooks without a role marker: a child's context is exactly its parent's.
 
 Without the marker a child's first step is a plain decode of its
@@ -8,9 +9,9 @@ parent's plan from the promise on.
 """
 
 import pytest
-from engines import tiny_llm
-from oracle import scripted
 
+from sequence_hooks_testkit.engines import tiny_llm
+from sequence_hooks_testkit.oracle import scripted
 from vllm import SamplingParams
 
 NONE = None

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Assemble the fork: pinned upstream vLLM + ``patches/`` + our ``vllm/``.
 
-The result is a package tree in ``build/tree-<target>/vllm`` that
+The result is a package tree in ``build/tree-<target>/vllm`` (plus the
+engine-neutral package ``common/sequence_hooks`` beside it) that
 ``setup.py`` turns into a distribution named ``vllm``:
 
 * ``cpu``: the Python tree of the upstream sdist, with ``_C`` compiled here
@@ -37,6 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build"
 PATCHES = ROOT / "patches"
 OUR_MODULES = ROOT / "vllm"
+# Engine-neutral package shared with the V1 plugin, shipped beside vllm.
+NEUTRAL_PACKAGE = ROOT / "common" / "sequence_hooks"
 
 UPSTREAM_VERSION = "0.9.2"
 # The one local-version label; platform detection looks for "cpu" in it.
@@ -225,21 +228,31 @@ def tree_for(target: str) -> Path:
     return BUILD / f"tree-{target}"
 
 
+def our_files(folder: Path) -> list[Path]:
+    """The files of one of our source folders, caches left out."""
+    return [
+        path for path in sorted(folder.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    ]
+
+
 def add_our_modules(package: Path) -> None:
-    """Adds every file of our ``vllm/`` to the assembled package.
+    """Adds every file of our ``vllm/`` to the assembled package, and the
+    engine-neutral package beside it.
 
     Upstream files are never replaced wholesale: a change to one is a patch.
     """
-    for ours in sorted(OUR_MODULES.rglob("*")):
-        if ours.is_dir() or "__pycache__" in ours.parts:
-            continue
-        dest = package / ours.relative_to(OUR_MODULES)
-        if dest.exists() or dest.is_symlink():
-            raise BuildError(
-                f"vllm/{ours.relative_to(OUR_MODULES)} would replace an "
-                "upstream file; change it with a patch instead")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.symlink_to(ours)
+    for folder, dest_folder in ((OUR_MODULES, package),
+                                (NEUTRAL_PACKAGE,
+                                 package.parent / NEUTRAL_PACKAGE.name)):
+        for ours in our_files(folder):
+            dest = dest_folder / ours.relative_to(folder)
+            if dest.exists() or dest.is_symlink():
+                raise BuildError(
+                    f"{folder.name}/{ours.relative_to(folder)} would replace "
+                    "an upstream file; change it with a patch instead")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.symlink_to(ours)
 
 
 def version_for(target: str) -> str:
@@ -256,8 +269,9 @@ def inputs_digest(target: str) -> str:
     digest = hashlib.sha256(f"{target}|{version_for(target)}".encode())
     for path in sorted(PATCHES.iterdir()) + [Path(__file__)]:
         digest.update(path.name.encode() + path.read_bytes())
-    for ours in sorted(OUR_MODULES.rglob("*.py")):
-        digest.update(str(ours.relative_to(OUR_MODULES)).encode())
+    for folder in (OUR_MODULES, NEUTRAL_PACKAGE):
+        for ours in sorted(folder.rglob("*.py")):
+            digest.update(str(ours.relative_to(ROOT)).encode())
     return digest.hexdigest()
 
 

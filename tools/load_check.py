@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Load check: concurrent streamed promise/sync requests against a server.
 
 Starts `vllm serve` with sequence hooks on the tiny test model (or uses a
@@ -16,20 +17,20 @@ import argparse
 import asyncio
 import ipaddress
 import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
-MYTESTS = ROOT / "mytests"
+from sequence_hooks_testkit.server import (SCRIPTED_PATTERN, running_server,
+                                           scripted_request_body)
+from sequence_hooks_testkit.tiny_model import (HookIds, build_tiny_model,
+                                               tiny_hook_ids)
+
 KV_USAGE = "vllm:sequence_hook_kv_cache_usage_perc"
 REQUEST_TIMEOUT = 120.0
 
@@ -41,66 +42,21 @@ def loopback_only(url: str) -> str:
     return url.rstrip("/")
 
 
-def start_server(model: Path, hooks: dict) -> tuple[subprocess.Popen, str]:
-    """Starts `vllm serve` with ``hooks`` on a free loopback port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(MYTESTS), VLLM_CPU_KVCACHE_SPACE="1")
-    env.pop("VLLM_USE_V1", None)
-    process = subprocess.Popen([
-        str(Path(sys.executable).parent / "vllm"), "serve",
-        str(model), "--host", "127.0.0.1", "--port",
-        str(port), "--max-model-len", "256", "--enforce-eager", "--dtype",
-        "float32", "--special-kwargs",
-        json.dumps(hooks), "--logits-processor-pattern", r"scripted_hooks\.",
-        "--disable-log-requests"
-    ],
-                               stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL,
-                               env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit("vllm serve exited at start")
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return process, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    process.kill()
-    raise SystemExit("vllm serve did not start within 180 s")
-
-
-def request_body(model: str, ids: dict, index: int, num_special: int) -> dict:
+def request_body(model: str, ids: HookIds, index: int) -> dict:
     """Parent: a word, two promises, sync, four words; children: 8-24."""
-    P, S = ids["promise"], ids["sync"]
-    role_plans = [[[], [None, P, P, S] + [None] * 4],
-                  [[0], [None] * (8 + index % 9)],
-                  [[1], [None] * (16 + index % 9)]]
+    P, S = ids.promise, ids.sync
+    plans = {
+        (): [None, P, P, S] + [None] * 4,
+        (0, ): [None] * (8 + index % 9),
+        (1, ): [None] * (16 + index % 9),
+    }
     return {
-        "model":
-        model,
-        "prompt":
-        "the cat sees",
-        "max_tokens":
-        96,
-        "temperature":
-        0.0,
-        "stream":
-        True,
-        "logits_processors": [{
-            "qualname": "scripted_hooks.from_role_plans",
-            "kwargs": {
-                "role_plans": role_plans,
-                "promise_id": P,
-                "child_id": ids["child"],
-                "eos_id": ids["eos"],
-                "masked_ids": list(range(num_special)),
-            },
-        }],
+        "model": model,
+        "prompt": "the cat sees",
+        "max_tokens": 96,
+        "temperature": 0.0,
+        "stream": True,
+        **scripted_request_body(plans, ids),
     }
 
 
@@ -122,8 +78,7 @@ async def one_request(client, base, body, disconnect: bool) -> dict:
     return {"latency": time.monotonic() - start, "chunks": chunks}
 
 
-async def run_load(base, model, ids, requests, concurrency, disconnect_every,
-                   num_special):
+async def run_load(base, model, ids, requests, concurrency, disconnect_every):
     limit = asyncio.Semaphore(concurrency)
     timeout = httpx.Timeout(REQUEST_TIMEOUT)
 
@@ -132,8 +87,7 @@ async def run_load(base, model, ids, requests, concurrency, disconnect_every,
             try:
                 return await asyncio.wait_for(
                     one_request(
-                        client, base,
-                        request_body(model, ids, index, num_special),
+                        client, base, request_body(model, ids, index),
                         disconnect_every and index % disconnect_every == 0),
                     REQUEST_TIMEOUT)
             except (httpx.HTTPError, asyncio.TimeoutError) as e:
@@ -159,48 +113,33 @@ def main() -> None:
     parser.add_argument("--base-url",
                         help="a running server (loopback only) started "
                         "with the hooks and --logits-processor-pattern "
-                        "'scripted_hooks\\.'; default: start one")
+                        f"'{SCRIPTED_PATTERN}'; default: start one")
     parser.add_argument("--model", help="served model name (--base-url)")
     args = parser.parse_args()
-    sys.path.insert(0, str(MYTESTS))
-    from tiny_model import (CHILD, PROMISE, SPECIAL_TOKENS, SYNC,
-                            build_tiny_model, build_tokenizer)
-    tokenizer = build_tokenizer()
-    ids = dict(
-        zip(["sync", "promise", "child", "eos"],
-            tokenizer.convert_tokens_to_ids(
-                [SYNC, PROMISE, CHILD, tokenizer.eos_token])))
-    process = None
-    with tempfile.TemporaryDirectory() as folder:
+    ids = tiny_hook_ids()
+    with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
         if args.base_url:
             base, model = loopback_only(args.base_url), args.model
         else:
-            model = str(build_tiny_model(Path(folder)))
-            process, base = start_server(
-                Path(model), {
-                    "sync_token": SYNC,
-                    "promise_token": PROMISE,
-                    "child_role_token": CHILD
-                })
-        try:
-            disconnect_every = (round(1 / args.disconnect_fraction)
-                                if args.disconnect_fraction > 0 else 0)
-            started = time.monotonic()
-            results = asyncio.run(
-                run_load(base, model, ids, args.requests, args.concurrency,
-                         disconnect_every, len(SPECIAL_TOKENS)))
-            wall = time.monotonic() - started
-            deadline = time.monotonic() + 60
-            while (metric(base, "vllm:num_requests_running") > 0
-                   and time.monotonic() < deadline):
-                time.sleep(0.5)
-            kv_usage = metric(base, KV_USAGE)
-            live_children = metric(base, "vllm:sequence_hook_children_running")
-            spawned = metric(base, "vllm:sequence_hook_promises_spawned_total")
-        finally:
-            if process is not None:
-                process.terminate()
-                process.wait(timeout=30)
+            model = str(build_tiny_model(Path(folder) / "model"))
+            base = stack.enter_context(
+                running_server(model,
+                               Path(folder) / "server.log",
+                               extra=["--disable-log-requests"]))
+        disconnect_every = (round(1 / args.disconnect_fraction)
+                            if args.disconnect_fraction > 0 else 0)
+        started = time.monotonic()
+        results = asyncio.run(
+            run_load(base, model, ids, args.requests, args.concurrency,
+                     disconnect_every))
+        wall = time.monotonic() - started
+        deadline = time.monotonic() + 60
+        while (metric(base, "vllm:num_requests_running") > 0
+               and time.monotonic() < deadline):
+            time.sleep(0.5)
+        kv_usage = metric(base, KV_USAGE)
+        live_children = metric(base, "vllm:sequence_hook_children_running")
+        spawned = metric(base, "vllm:sequence_hook_promises_spawned_total")
     latencies = sorted(r["latency"] for r in results if "latency" in r)
     report = {
         "requests":

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A V0 scheduler that can park sequence groups while their children run."""
 
-from typing import (Any, Callable, Dict, Iterable, List, Optional, Set, Tuple,
+from typing import (TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple,
                     Union)
 
 from vllm.core.interfaces import AllocStatus
@@ -9,6 +10,9 @@ from vllm.core.scheduler import Scheduler, SchedulerOutputs
 from vllm.sequence import (Sequence, SequenceGroup, SequenceGroupBase,
                            SequenceGroupMetadata, SequenceStage,
                            SequenceStatus)
+
+if TYPE_CHECKING:
+    from vllm.engine.promise_tree import PromiseTreeCoordinator
 
 
 class SequenceHookScheduler(Scheduler):
@@ -23,6 +27,10 @@ class SequenceHookScheduler(Scheduler):
     recently parked ones are evicted (their blocks freed, to be recomputed
     when they resume), so a full cache never deadlocks. Selected through
     `SchedulerConfig.scheduler_cls`.
+
+    It reports to the engine's `PromiseTreeCoordinator` what it scheduled,
+    ignored and aborted; the coordinator drives it through `add_child`,
+    `prefill_tail`, `block`, `unblock` and `abort_seq_group`.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -33,17 +41,17 @@ class SequenceHookScheduler(Scheduler):
         self._evicted: Set[str] = set()
         # Sequences whose uncomputed tail the next step prefills.
         self._tails_to_prefill: List[Sequence] = []
-        # Told of a group of a promise tree that the scheduler finished
-        # itself (FINISHED_IGNORED), which no output processing will see.
-        self.finish_callback: Optional[Callable[[SequenceGroup], None]] = None
-        # Told of each group of a promise tree an abort_seq_group call
-        # finished (engine-level aborts bypass output processing).
-        self.abort_callback: Optional[Callable[[SequenceGroup], None]] = None
-        # Set to the fraction of KV blocks in use whenever it may change.
-        self.kv_usage_gauge: Optional[Any] = None
-        # Steps scheduled so far: tells one step's output processing from
-        # the next.
-        self.num_steps = 0
+        # The engine's coordinator of promise trees, once attached.
+        self.coordinator: Optional[PromiseTreeCoordinator] = None
+
+    def attach_coordinator(self,
+                           coordinator: "PromiseTreeCoordinator") -> None:
+        """Sets the coordinator this scheduler reports to.
+
+        Args:
+            coordinator: The engine's one `PromiseTreeCoordinator`.
+        """
+        self.coordinator = coordinator
 
     def add_child(self, parent_seq: Sequence,
                   child_group: SequenceGroup) -> None:
@@ -86,7 +94,12 @@ class SequenceHookScheduler(Scheduler):
         self._tails_to_prefill.append(seq)
 
     def block(self, seq_group: SequenceGroup) -> None:
-        """Parks a running group until `unblock`."""
+        """Parks a running group until `unblock`.
+
+        A parked group always has an unfinished child in a queue (the last
+        child's finish unparks it), so the stock `has_unfinished_seqs` stays
+        true while it waits.
+        """
         self.running.remove(seq_group)
         seq_group.first_seq.status = SequenceStatus.BLOCKED
         self.blocked[seq_group.request_id] = seq_group
@@ -113,12 +126,9 @@ class SequenceHookScheduler(Scheduler):
                 seq.data._stage = SequenceStage.PREFILL
         self._tails_to_prefill.clear()
         self._evict_parked_if_stuck()
-        self.num_steps += 1
         metadata, outputs, allow_async = super().schedule()
-        if self.finish_callback is not None:
-            for seq_group in outputs.ignored_seq_groups:
-                if seq_group.promise_tree is not None:
-                    self.finish_callback(seq_group)
+        if self.coordinator is not None:
+            self.coordinator.step_scheduled(outputs)
         self._report_kv_usage()
         return metadata, outputs, allow_async
 
@@ -127,10 +137,10 @@ class SequenceHookScheduler(Scheduler):
         self._report_kv_usage()
 
     def _report_kv_usage(self) -> None:
-        if self.kv_usage_gauge is not None:
+        if self.coordinator is not None:
             total = self.block_manager.num_total_gpu_blocks
             free = self.block_manager.get_num_free_gpu_blocks()
-            self.kv_usage_gauge.set(1.0 - free / total)
+            self.coordinator.record_kv_usage(1.0 - free / total)
 
     def _evict_parked_if_stuck(self) -> None:
         """Frees parked groups' blocks while they alone stop all progress.
@@ -179,15 +189,12 @@ class SequenceHookScheduler(Scheduler):
             for seq_group in queue if seq_group.promise_tree is not None
         ]
         super().abort_seq_group(request_ids, seq_id_to_seq_group)
-        if self.abort_callback is not None:
+        if self.coordinator is not None:
             for seq_group in tree_groups:
                 if seq_group.first_seq.status == (
                         SequenceStatus.FINISHED_ABORTED):
-                    self.abort_callback(seq_group)
+                    self.coordinator.aborted(seq_group)
         self._report_kv_usage()
-
-    def has_unfinished_seqs(self) -> bool:
-        return super().has_unfinished_seqs() or bool(self.blocked)
 
     def get_num_unfinished_seq_groups(self) -> int:
         return super().get_num_unfinished_seq_groups() + len(self.blocked)

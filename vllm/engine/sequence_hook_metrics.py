@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Prometheus metrics of sequence hooks, exported with vLLM's own metrics.
 
 They are created in the engine process; with `vllm serve` (V0, its engine
@@ -65,8 +66,14 @@ class SequenceHookMetrics:
         self.blocked_time = _collector(
             prometheus_client.Histogram,
             "vllm:sequence_hook_blocked_time_seconds",
-            "Time a sequence spent parked by <sync>.",
+            "Time a sequence spent parked by <sync>, observed when it "
+            "resumes or is aborted.",
             buckets=BLOCKED_TIME_BUCKETS).labels(**labels)
+        self.parents_parked = _collector(
+            prometheus_client.Gauge,
+            "vllm:sequence_hook_parents_parked",
+            "Sequences parked by <sync> now (aborted ones leave it).",
+            multiprocess_mode="sum").labels(**labels)
         self.children_running = _collector(
             prometheus_client.Gauge,
             "vllm:sequence_hook_children_running",

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Runs the end-to-end programs on one hooked engine and reports as JSON.
 
 For configurations that need a process of their own, such as tensor
@@ -7,23 +8,18 @@ this script in a subprocess. The reference is built on the same engine:
 hooks act only on sampled tokens and each reference segment ends on its
 `<sync>`, so the plain generation it needs runs unchanged there.
 
-Usage: python run_programs.py MODEL_DIR --tensor-parallel-size 2
-    [--distributed-executor-backend mp]
+Usage: python -m sequence_hooks_testkit.run_programs MODEL_DIR
+    --tensor-parallel-size 2 [--distributed-executor-backend mp]
 """
 
 import argparse
 import json
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from conftest import HookIds  # noqa: E402
-from engines import tiny_llm  # noqa: E402
-from oracle import reference, scripted  # noqa: E402
-from test_end_to_end import programs  # noqa: E402
-from tiny_model import CHILD, PROMISE, SYNC, build_tokenizer  # noqa: E402
+from sequence_hooks_testkit.engines import tiny_llm
+from sequence_hooks_testkit.oracle import reference, scripted
+from sequence_hooks_testkit.programs import programs
+from sequence_hooks_testkit.tiny_model import tiny_hook_ids
 
 
 def main() -> None:
@@ -36,9 +32,7 @@ def main() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import SamplingParams
 
-    tokenizer = build_tokenizer()
-    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
-                  tokenizer.eos_token_id)
+    ids = tiny_hook_ids()
     llm = tiny_llm(
         args.model,
         ids,

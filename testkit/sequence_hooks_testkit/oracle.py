@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The equivalence oracle: a promise/sync program run without hooks.
 
 `reference` replays a scripted program on a plain engine, one `generate`
@@ -12,8 +13,8 @@ engine's tokens comparable one for one.
 
 from dataclasses import dataclass, field
 
-from scripted_hooks import RolePath, ScriptedHooks
-from tiny_model import SPECIAL_TOKENS
+from sequence_hooks_testkit.scripted_hooks import RolePath, ScriptedHooks
+from sequence_hooks_testkit.tiny_model import SPECIAL_TOKENS
 
 
 @dataclass

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A tiny Llama model and tokenizer, made locally with no network.
 
 The model is a random-weight ``LlamaForCausalLM`` (fp32, head_dim 32: the
@@ -39,6 +40,19 @@ CHAT_TEMPLATE = ("{% for message in messages %}{{ message['content'] }} "
 
 
 @dataclass(frozen=True)
+class HookIds:
+    """Token ids of the tiny tokenizer that the hook tests use."""
+    # `<sync>`: join the children.
+    sync: int
+    # `<promise>`: spawn a child.
+    promise: int
+    # `<child>`: the role marker.
+    child: int
+    # End of sequence.
+    eos: int
+
+
+@dataclass(frozen=True)
 class TinyModelSpec:
     """Shape and seed of a tiny test model."""
     # Seed for the weights; the same seed gives the same files.
@@ -70,6 +84,13 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         additional_special_tokens=[SYNC, PROMISE, CHILD])
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def tiny_hook_ids() -> HookIds:
+    """The hook token ids of the tiny tokenizer."""
+    tokenizer = build_tokenizer()
+    return HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
+                   tokenizer.eos_token_id)
 
 
 def build_tiny_model(path: Path, spec: Optional[TinyModelSpec] = None) -> Path:

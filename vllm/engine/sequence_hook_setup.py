@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Engine-start set-up of sequence hooks: needed options and refusals.
 
 `EngineArgs.create_engine_config` calls `prepare_engine_args` before it
@@ -9,8 +10,8 @@ configuration the hooks cannot serve fails at start with a reason.
 from typing import TYPE_CHECKING, Union
 
 import vllm.envs as envs
+from sequence_hooks.special_kwargs import SpecialKwargs
 from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
-from vllm.special_kwargs import SpecialKwargs
 from vllm.transformers_utils.tokenizer import get_tokenizer
 from vllm.utils import resolve_obj_by_qualname
 

@@ -1,20 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the benchmarks share: the V0 CPU set-up and a tiny test model."""
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""What the benchmarks share: the V0 CPU set-up, a tiny test model, runs and
+reports."""
 
 import atexit
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
 
-MYTESTS = Path(__file__).resolve().parent.parent / "mytests"
+from sequence_hooks_testkit.oracle import scripted
+from sequence_hooks_testkit.tiny_model import (HookIds, TinyModelSpec,
+                                               build_tiny_model,
+                                               build_tokenizer, tiny_hook_ids)
 
 
 def prepare(max_positions: Optional[int] = None):
-    """Selects the V0 engine, makes the test kit importable, builds a model.
+    """Selects the V0 engine and builds a tiny model in a temporary folder.
 
     Args:
         max_positions: Rotary table length of the model; the kit's default
@@ -25,21 +29,15 @@ def prepare(max_positions: Optional[int] = None):
     """
     os.environ.setdefault("VLLM_USE_V1", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    sys.path.insert(0, str(MYTESTS))
-    from conftest import HookIds
-    from tiny_model import (CHILD, PROMISE, SYNC, TinyModelSpec,
-                            build_tiny_model, build_tokenizer)
-    tokenizer = build_tokenizer()
-    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
-                  tokenizer.eos_token_id)
     spec = (TinyModelSpec(
         max_positions=max_positions) if max_positions else TinyModelSpec())
     folder = tempfile.mkdtemp(prefix="tiny-model-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return ids, tokenizer, build_tiny_model(Path(folder), spec)
+    return tiny_hook_ids(), build_tokenizer(), build_tiny_model(
+        Path(folder), spec)
 
 
-def free_params(tokens: int, ids):
+def free_params(tokens: int, ids: HookIds):
     """Sampling parameters for a plain request on the benchmarks' terms.
 
     The scripted processor the hooked runs use lets the model choose every
@@ -53,8 +51,6 @@ def free_params(tokens: int, ids):
     Returns:
         Greedy `SamplingParams` for exactly ``tokens`` tokens.
     """
-    from oracle import scripted
-
     from vllm import SamplingParams
     return SamplingParams(
         temperature=0.0,

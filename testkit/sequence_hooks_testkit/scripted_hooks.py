@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A per-request logits processor that scripts promise/sync programs.
 
 A plan maps a sequence's *role path* to the tokens it must sample, step by

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Drives the real scheduler and hook processor step by step, no model.
 
 `HookHarness` wires a real `SequenceHookScheduler` (real block manager),
@@ -156,7 +157,19 @@ class HookHarness:
         for group in processed + list(outputs.ignored_seq_groups):
             self._make_output(group)
         self.scheduler.free_finished_seq_groups()
+        self.assert_parked_groups_wait_for_children()
         return scheduled
+
+    def assert_parked_groups_wait_for_children(self) -> None:
+        """Every parked group has an unfinished child: a child's finish
+        unparks its parent once none is left. So parked groups never need
+        counting as unfinished work of their own."""
+        for request_id, group in self.scheduler.blocked.items():
+            node = group.promise_tree.nodes[request_id]
+            assert any(not child.is_finished
+                       for child in node.unmerged_children()), request_id
+        assert not self.scheduler.blocked or (
+            self.scheduler.has_unfinished_seqs())
 
     def _make_output(self, group: SequenceGroup) -> None:
         """Builds a group's output as the engine does."""

@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`SpecialKwargs`: the configuration of sequence hooks.
 
-Re-exported by `vllm.config`, which imports this module partway through
-`import vllm`: it must not import other vLLM modules.
+Re-exported by the V0 fork's `vllm.config`, which imports it partway through
+`import vllm`: it must not import any vLLM module.
 """
 
 import dataclasses
