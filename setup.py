@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Packages the assembled fork as the distribution ``vllm``.
 
 ``tools/build_fork.py`` puts pinned upstream vLLM, our patches and our

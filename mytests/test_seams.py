@@ -106,7 +106,7 @@ def test_patched_shapes():
     assert SequenceStatus.BLOCKED == 3
     assert SequenceStatus.FINISHED_STOPPED == 4
     group = SequenceGroup("0", [Sequence(0, token_inputs([1, 2]), 4)], 0.0)
-    assert group.promise_tree is None
+    assert group.first_seq.promise_tree is None
     assert "promise_tree" in inspect.signature(RequestOutput).parameters
     assert VllmConfig.__dataclass_fields__["special_kwargs"].default is None
     assert EngineArgs.__dataclass_fields__["special_kwargs"].default is None

@@ -9,6 +9,7 @@ builds from `scripted_hooks.from_role_plans` (allowed by
 `--logits-processor-pattern`). Every wait is bounded.
 """
 
+import json
 import subprocess
 import time
 
@@ -225,3 +226,91 @@ def test_flag_is_listed_in_serve_help():
     assert result.returncode == 0
     assert "--special-kwargs" in result.stdout
     assert "Sequence hooks:" in result.stdout
+
+
+def without_ids(tree: dict) -> dict:
+    """A tree's JSON with request ids (which differ per engine) left out."""
+    return {
+        **{
+            k: v
+            for k, v in tree.items() if k not in ("request_id", "children")
+        },
+        "children": [without_ids(child) for child in tree["children"]],
+    }
+
+
+def assert_same_tree(served: dict, expected: dict) -> None:
+    served, expected = without_ids(served), without_ids(expected)
+    assert served.pop("logprobs") == pytest.approx(expected.pop("logprobs"),
+                                                   abs=1e-4)
+    assert served.pop("cumulative_logprob") == pytest.approx(
+        expected.pop("cumulative_logprob"), abs=1e-4)
+    children = zip(served.pop("children"), expected.pop("children"))
+    assert served == expected
+    for served_child, expected_child in children:
+        assert_same_tree(served_child, expected_child)
+
+
+def test_promise_tree_over_the_api(server, hooked_llm, hook_ids):
+    plans = program(hook_ids)
+    base, model, _ = server
+    body = dict(model=model,
+                prompt=PROMPT,
+                max_tokens=40,
+                temperature=0.0,
+                logprobs=1,
+                **scripted_request_body(plans, hook_ids))
+    [offline] = hooked_llm.generate(
+        [PROMPT],
+        SamplingParams(temperature=0.0,
+                       max_tokens=40,
+                       logprobs=1,
+                       logits_processors=[scripted(plans, hook_ids)]),
+        use_tqdm=False)
+    expected = offline.promise_tree.to_dict()
+    assert len(expected["children"]) == 2
+
+    # Without the flag, the response is what stock vLLM sends.
+    plain = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
+    assert "promise_tree" not in plain.text
+
+    body["return_promise_tree"] = True
+    whole = httpx.post(f"{base}/v1/completions", json=body, timeout=60).json()
+    assert_same_tree(whole["choices"][0]["promise_tree"], expected)
+
+    # Streamed: once, in the choice's final chunk.
+    chunks = []
+    with httpx.stream("POST",
+                      f"{base}/v1/completions",
+                      json={
+                          **body, "stream": True
+                      },
+                      timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[len("data: "):]))
+    with_tree = [
+        choice for chunk in chunks for choice in chunk["choices"]
+        if "promise_tree" in choice
+    ]
+    assert len(with_tree) == 1 and with_tree[0]["finish_reason"] == "stop"
+    assert_same_tree(with_tree[0]["promise_tree"], expected)
+
+    # Chat: the same field on the message's choice.
+    chat = httpx.post(f"{base}/v1/chat/completions",
+                      json={
+                          "model": model,
+                          "messages": [{
+                              "role": "user",
+                              "content": PROMPT
+                          }],
+                          "max_tokens": 40,
+                          "temperature": 0.0,
+                          "return_promise_tree": True,
+                          **scripted_request_body(plans, hook_ids)
+                      },
+                      timeout=60).json()
+    tree = chat["choices"][0]["promise_tree"]
+    assert [child["text"] for child in tree["children"]
+            ] == [child["text"] for child in expected["children"]]
+    assert tree["text"] == chat["choices"][0]["message"]["content"]

@@ -1,4 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Assemble the fork: pinned upstream vLLM + ``patches/`` + our ``vllm/``.
 
 The result is a package tree in ``build/tree-<target>/vllm`` (plus the

@@ -9,10 +9,15 @@ which never change once made.
 """
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from sequence_hooks.special_kwargs import SpecialKwargs
+
+# Per output token, the logprobs of the sampled token and the top ones
+# (vLLM's `Logprob` objects), as in `CompletionOutput.logprobs`.
+TokenLogprobs = Mapping[int, Any]
 
 
 @dataclass(frozen=True)
@@ -21,7 +26,11 @@ class PromiseNode:
     it: an immutable snapshot.
 
     The root stands for the request's own sequence; every other node is a
-    child spawned by its parent's `<promise>`, in promise order.
+    child spawned by its parent's `<promise>`, in promise order. A node's
+    results (tokens, text, logprobs) are recorded when it finishes. A
+    node's context is its parent's context, the parent's first
+    `fork_position` tokens and the role marker, if configured; the root's
+    is the prompt.
     """
 
     # Engine-internal request id of the sequence (the root's is the
@@ -31,15 +40,28 @@ class PromiseNode:
     depth: int
     # Children in the order their promises were made.
     children: tuple["PromiseNode", ...]
-    # A child's own output text, as merged into its parent ("" while it
-    # runs, and for the root).
+    # The sequence's own output text, hook tokens removed (a child's is
+    # what was merged into its parent); "" until it finishes.
     text: str
-    # A child's own output token ids, after its fork point.
+    # The sequence's own output token ids (a child's after its fork point;
+    # merged tokens included); () until it finishes.
     token_ids: tuple[int, ...]
     # "stop", "length" or "abort" once finished; None while running.
     finish_reason: Optional[str]
     # Tokens appended to this sequence by its merges.
     num_merged_tokens: int
+    # Where merges appended tokens: (start, count) in `token_ids`. Those
+    # tokens were given, not sampled.
+    merged_spans: tuple[tuple[int, int], ...] = ()
+    # How many of its parent's own tokens its context holds (up to and
+    # including the `<promise>` that spawned it); None for the root.
+    fork_position: Optional[int] = None
+    # Per token of `token_ids`, its logprobs as `CompletionOutput.logprobs`
+    # gives them, None for a merged token; None unless the request asked
+    # for logprobs.
+    logprobs: Optional[tuple[Optional[TokenLogprobs], ...]] = None
+    # Sum of the sampled tokens' logprobs; None unless logprobs were asked.
+    cumulative_logprob: Optional[float] = None
     # The node whose `<promise>` spawned this one; None for the root.
     parent: Optional["PromiseNode"] = field(default=None,
                                             compare=False,
@@ -48,6 +70,37 @@ class PromiseNode:
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def sampled_mask(self) -> tuple[bool, ...]:
+        """Per token of `token_ids`, whether it was sampled (not merged)."""
+        mask = [True] * len(self.token_ids)
+        for start, count in self.merged_spans:
+            mask[start:start + count] = [False] * count
+        return tuple(mask)
+
+    def to_dict(self) -> dict:
+        """The subtree as JSON-ready data; a logprob is the sampled
+        token's (null for merged tokens)."""
+        logprobs = None
+        if self.logprobs is not None:
+            logprobs = [
+                None if entry is None else entry[token].logprob
+                for token, entry in zip(self.token_ids, self.logprobs)
+            ]
+        return {
+            "request_id": self.request_id,
+            "depth": self.depth,
+            "fork_position": self.fork_position,
+            "text": self.text,
+            "token_ids": list(self.token_ids),
+            "finish_reason": self.finish_reason,
+            "num_merged_tokens": self.num_merged_tokens,
+            "merged_spans": [list(span) for span in self.merged_spans],
+            "logprobs": logprobs,
+            "cumulative_logprob": self.cumulative_logprob,
+            "children": [child.to_dict() for child in self.children],
+        }
 
 
 @dataclass(eq=False)
@@ -67,6 +120,10 @@ class TreeNode:
     fork_output_len: int = 0
     # Length of the output text it had when it was spawned.
     fork_text_len: int = 0
+    # Its parent's own tokens in its context (see `PromiseNode`).
+    fork_position: Optional[int] = None
+    # Its cumulative logprob when it was spawned (the context's part).
+    fork_cumulative_logprob: float = 0.0
     # The child's own output text, as merged into its parent.
     text: str = ""
     # The child's own output token ids (after its fork point).
@@ -77,6 +134,12 @@ class TreeNode:
     num_merged: int = 0
     # Tokens appended to this sequence by its merges.
     num_merged_tokens: int = 0
+    # (start, count) of each merge in its own tokens.
+    merged_spans: list[tuple[int, int]] = field(default_factory=list)
+    # Per own token, its logprobs (None if merged); None if not asked.
+    logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+    # Sum of its sampled tokens' logprobs; None if not asked.
+    cumulative_logprob: Optional[float] = None
     # When it was last parked by <sync> (time.monotonic()); None while not
     # parked.
     blocked_since: Optional[float] = field(default=None, repr=False)
@@ -91,9 +154,12 @@ class TreeNode:
 
     def snapshot(self, parent: Optional[PromiseNode] = None) -> PromiseNode:
         """An immutable copy of this node and its subtree."""
-        node = PromiseNode(self.request_id, self.depth, (), self.text,
-                           tuple(self.token_ids), self.finish_reason,
-                           self.num_merged_tokens, parent)
+        node = PromiseNode(
+            self.request_id, self.depth, (), self.text,
+            tuple(self.token_ids), self.finish_reason, self.num_merged_tokens,
+            tuple(self.merged_spans), self.fork_position,
+            None if self.logprobs is None else tuple(self.logprobs),
+            self.cumulative_logprob, parent)
         # The children point back at the node: set them once it exists
         # (the dataclass is frozen to users, not to its builder).
         object.__setattr__(
@@ -133,15 +199,18 @@ class PromiseTreeState:
             return False
         return True
 
-    def add_child(self, node: TreeNode, request_id: str, fork_output_len: int,
-                  fork_text_len: int) -> TreeNode:
+    def add_child(self, node: TreeNode, request_id: str, fork_position: int,
+                  fork_output_len: int, fork_text_len: int,
+                  fork_cumulative_logprob: float) -> TreeNode:
         """Records a child spawned by ``node``.
 
         Args:
             node: The promising sequence's node.
             request_id: The child's request id.
+            fork_position: ``node``'s own tokens in the child's context.
             fork_output_len: Output tokens of the child's context.
             fork_text_len: Output text length of the child's context.
+            fork_cumulative_logprob: Cumulative logprob of that context.
 
         Returns:
             The child's node.
@@ -150,19 +219,39 @@ class PromiseTreeState:
                          depth=node.depth + 1,
                          parent=node,
                          fork_output_len=fork_output_len,
-                         fork_text_len=fork_text_len)
+                         fork_text_len=fork_text_len,
+                         fork_position=fork_position,
+                         fork_cumulative_logprob=fork_cumulative_logprob)
         node.children.append(child)
         self.nodes[request_id] = child
         self.num_spawned += 1
         self._snapshot = None
         return child
 
-    def record_finish(self, node: TreeNode, finish_reason: str,
-                      token_ids: list[int], text: str) -> None:
-        """Records a finished sequence's result (a child's own part)."""
+    def record_finish(self,
+                      node: TreeNode,
+                      finish_reason: str,
+                      token_ids: list[int],
+                      text: str,
+                      logprobs: Optional[list[Optional[TokenLogprobs]]] = None,
+                      cumulative_logprob: Optional[float] = None) -> None:
+        """Records a finished sequence's result (its own part).
+
+        Args:
+            node: Its node.
+            finish_reason: "stop" or "length".
+            token_ids: Its own output tokens.
+            text: Its own output text, hook tokens removed.
+            logprobs: Per own token, its logprobs (None where merged), if
+                the request asked for logprobs.
+            cumulative_logprob: Sum of its sampled tokens' logprobs, if
+                asked.
+        """
         node.finish_reason = finish_reason
         node.token_ids = token_ids
         node.text = text
+        node.logprobs = logprobs
+        node.cumulative_logprob = cumulative_logprob
         self._snapshot = None
 
     def record_abort(self, node: TreeNode) -> None:
@@ -176,9 +265,18 @@ class PromiseTreeState:
         node.num_merged = len(node.children)
         return children
 
-    def record_merged_tokens(self, node: TreeNode, num_tokens: int) -> None:
-        """Records tokens a merge appended to ``node``'s sequence."""
+    def record_merged_tokens(self, node: TreeNode, start: int,
+                             num_tokens: int) -> None:
+        """Records tokens a merge appended to ``node``'s sequence.
+
+        Args:
+            node: The merging sequence's node.
+            start: Where they start in its own tokens.
+            num_tokens: How many.
+        """
         node.num_merged_tokens += num_tokens
+        if num_tokens:
+            node.merged_spans.append((start, num_tokens))
         self._snapshot = None
 
     def snapshot(self) -> PromiseNode:

@@ -165,7 +165,7 @@ class HookHarness:
         unparks its parent once none is left. So parked groups never need
         counting as unfinished work of their own."""
         for request_id, group in self.scheduler.blocked.items():
-            node = group.promise_tree.nodes[request_id]
+            node = group.first_seq.promise_tree.nodes[request_id]
             assert any(not child.is_finished
                        for child in node.unmerged_children()), request_id
         assert not self.scheduler.blocked or (

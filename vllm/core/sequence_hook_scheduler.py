@@ -186,7 +186,8 @@ class SequenceHookScheduler(Scheduler):
                 self.unblock(self.blocked[parked_id])
         tree_groups = [
             seq_group for queue in (self.waiting, self.running, self.swapped)
-            for seq_group in queue if seq_group.promise_tree is not None
+            for seq_group in queue
+            if seq_group.first_seq.promise_tree is not None
         ]
         super().abort_seq_group(request_ids, seq_id_to_seq_group)
         if self.coordinator is not None:

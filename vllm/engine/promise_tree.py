@@ -52,6 +52,11 @@ class PromiseTree(SequenceGroupBase, PromiseTreeState):
     seq_groups: Dict[str, SequenceGroup] = field(default_factory=dict,
                                                  repr=False)
 
+    def __deepcopy__(self, memo) -> "PromiseTree":
+        # Engine state that every sequence of the tree refers to: forking a
+        # sequence (a deep copy) shares it.
+        return self
+
     def maybe_assemble_group(
             self, seq_group: SequenceGroup) -> Optional[SequenceGroup]:
         # Children report through their parent's output only.
@@ -114,6 +119,8 @@ class PromiseTreeCoordinator:
                          tree.group_id)
             return
         parent_seq = seq_group.first_seq
+        fork_position = parent_seq.get_output_len() - node.fork_output_len
+        # The fork shares the parent's tree (PromiseTree.__deepcopy__).
         child_seq = parent_seq.fork(next(self.seq_counter))
         child_id = f"{tree.group_id}/promise-{child_seq.seq_id}"
         params = seq_group.sampling_params.clone()
@@ -131,7 +138,6 @@ class PromiseTreeCoordinator:
             trace_headers=seq_group.trace_headers,
             prompt_adapter_request=seq_group.prompt_adapter_request,
             priority=seq_group.priority)
-        child_group.promise_tree = tree
         self.scheduler.add_child(parent_seq, child_group)
         role_marker = self.special_kwargs.child_role_token_id
         self._append_given_tokens(child_seq, params,
@@ -146,8 +152,9 @@ class PromiseTreeCoordinator:
         if params.max_tokens is not None:
             params.max_tokens += shift
         params.min_tokens += shift
-        tree.add_child(node, child_id, fork_output_len,
-                       len(child_seq.output_text))
+        tree.add_child(node, child_id, fork_position, fork_output_len,
+                       len(child_seq.output_text),
+                       child_seq.get_cumulative_logprob())
         tree.seq_groups[child_id] = child_group
         self.registry[child_id] = tree
         self.metrics.promises_spawned.inc()
@@ -162,7 +169,7 @@ class PromiseTreeCoordinator:
         Args:
             seq_group: A running group whose sequence sampled `<sync>`.
         """
-        tree = seq_group.promise_tree
+        tree = seq_group.first_seq.promise_tree
         if tree is None:
             return
         node = tree.nodes[seq_group.request_id]
@@ -187,19 +194,14 @@ class PromiseTreeCoordinator:
             seq_group: A group of a promise tree whose sequence finished
                 (stopped, capped or ignored by the scheduler).
         """
-        tree = seq_group.promise_tree
+        tree = seq_group.first_seq.promise_tree
         node = tree.nodes[seq_group.request_id]
         self._abort_descendants(tree, node, seq_group)
         del tree.seq_groups[node.request_id]
-        seq = seq_group.first_seq
-        reason = SequenceStatus.get_finished_reason(seq.status)
+        self._record_result(tree, node, seq_group)
         if node.parent is None:
-            tree.record_finish(node, reason, [], "")
             return
         self.metrics.children_running.dec()
-        token_ids = list(seq.get_output_token_ids()[node.fork_output_len:])
-        tree.record_finish(node, reason, token_ids,
-                           self._result_text(seq_group, node, token_ids))
         parent_group = tree.seq_groups.get(node.parent.request_id)
         if parent_group is None:
             # The scheduler ignored parent and child in the same step, and
@@ -228,7 +230,7 @@ class PromiseTreeCoordinator:
         # Nothing of this step is processed while ignored groups finish.
         self._scheduled = []
         for seq_group in outputs.ignored_seq_groups:
-            if seq_group.promise_tree is not None:
+            if seq_group.first_seq.promise_tree is not None:
                 self.finished(seq_group)
         self._scheduled = outputs.scheduled_seq_groups
 
@@ -239,7 +241,7 @@ class PromiseTreeCoordinator:
             seq_group: The aborted group (engine-level aborts bypass output
                 processing, so the scheduler reports them).
         """
-        tree = seq_group.promise_tree
+        tree = seq_group.first_seq.promise_tree
         node = tree.nodes[seq_group.request_id]
         del tree.seq_groups[node.request_id]
         tree.record_abort(node)
@@ -258,7 +260,7 @@ class PromiseTreeCoordinator:
 
     def _tree_of(self, seq_group: SequenceGroup) -> PromiseTree:
         """Returns the group's promise tree, creating it for a root."""
-        if seq_group.promise_tree is None:
+        if seq_group.first_seq.promise_tree is None:
             # A request split by parallel sampling reports under its own id.
             split = self.registry.get(seq_group.request_id)
             tree = PromiseTree(
@@ -266,8 +268,8 @@ class PromiseTreeCoordinator:
                 registry=self.registry,
                 root=TreeNode(seq_group.request_id))
             tree.seq_groups[seq_group.request_id] = seq_group
-            seq_group.promise_tree = tree
-        return seq_group.promise_tree
+            seq_group.first_seq.promise_tree = tree
+        return seq_group.first_seq.promise_tree
 
     def _unparked(self, node: TreeNode) -> None:
         """Observes how long ``node`` was parked; it is parked no more."""
@@ -322,6 +324,32 @@ class PromiseTreeCoordinator:
                 return True
         return False
 
+    def _record_result(self, tree: PromiseTree, node: TreeNode,
+                       seq_group: SequenceGroup) -> None:
+        """Records a finished sequence's own tokens, text and logprobs."""
+        seq = seq_group.first_seq
+        start = node.fork_output_len
+        token_ids = list(seq.get_output_token_ids()[start:])
+        logprobs = cumulative = None
+        if seq_group.sampling_params.logprobs is not None:
+            merged = {
+                i
+                for first, count in node.merged_spans
+                for i in range(first, first + count)
+            }
+            logprobs = [
+                None if i in merged else entry
+                for i, entry in enumerate(seq.output_logprobs[start:])
+            ]
+            # Merged tokens and role markers count 0.0 (MERGED_TOKEN_LOGPROB).
+            cumulative = (seq.get_cumulative_logprob() -
+                          node.fork_cumulative_logprob)
+        tree.record_finish(node,
+                           SequenceStatus.get_finished_reason(seq.status),
+                           token_ids,
+                           self._result_text(seq_group, node,
+                                             token_ids), logprobs, cumulative)
+
     def _result_text(self, seq_group: SequenceGroup, node: TreeNode,
                      token_ids: List[int]) -> str:
         """A finished child's own output text, without hook tokens."""
@@ -362,8 +390,9 @@ class PromiseTreeCoordinator:
         # parked) re-creates the generator: give it a fresh seed.
         if params.seed is not None and (token_ids or seq.is_prefill()):
             params.seed = derive_seed(params.seed, f"resume-{node.num_merged}")
+        start = seq.get_output_len() - node.fork_output_len
         self._append_given_tokens(seq, params, token_ids)
-        tree.record_merged_tokens(node, len(token_ids))
+        tree.record_merged_tokens(node, start, len(token_ids))
         self.metrics.merged_tokens.inc(len(token_ids))
 
     def _append_given_tokens(self, seq: Sequence, params,

@@ -73,7 +73,7 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         super().process_outputs(sequence_group, outputs, is_async)
         seq = sequence_group.first_seq
         if seq.is_finished():
-            if sequence_group.promise_tree is not None:
+            if sequence_group.first_seq.promise_tree is not None:
                 self.coordinator.finished(sequence_group)
             return
         token_id = seq.get_last_token_id()

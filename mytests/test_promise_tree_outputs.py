@@ -1,0 +1,173 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The promise tree users get from `LLM.generate`: every node's tokens,
+text, logprobs and merged spans, one tree per sample with n > 1, and the
+training records built from it."""
+
+import pytest
+
+from sequence_hooks import training_records
+from sequence_hooks_testkit.engines import assert_engine_clean
+from sequence_hooks_testkit.oracle import scripted
+from sequence_hooks_testkit.programs import NONE, programs
+from vllm import SamplingParams
+
+PROMPT = "the cat sees"
+
+
+def run(llm, plans, ids, **params):
+    [output
+     ] = llm.generate([PROMPT],
+                      SamplingParams(max_tokens=48,
+                                     logits_processors=[scripted(plans, ids)],
+                                     **{
+                                         "temperature": 0.0,
+                                         **params
+                                     }),
+                      use_tqdm=False)
+    return output
+
+
+def sampled_logprobs(node):
+    return [
+        None if entry is None else entry[token].logprob
+        for token, entry in zip(node.token_ids, node.logprobs)
+    ]
+
+
+def test_nodes_carry_logprobs_a_hook_free_request_reports(
+        hooked_llm, plain_llm, hook_ids):
+    plans = programs(hook_ids)["one promise"]
+    output = run(hooked_llm, plans, hook_ids, logprobs=2)
+    root = output.promise_tree
+    [child] = root.children
+    completion = output.outputs[0]
+    # The root is the request's own sequence: its tokens are the output's.
+    assert root.token_ids == tuple(completion.token_ids)
+    assert root.text == completion.text
+    # One merge, right after <sync>: given tokens, no logprob.
+    [(start, count)] = root.merged_spans
+    assert root.token_ids[start - 1] == hook_ids.sync
+    assert count == root.num_merged_tokens > 0
+    assert root.sampled_mask == tuple(not start <= i < start + count
+                                      for i in range(len(root.token_ids)))
+    assert [lp is None for lp in root.logprobs
+            ] == [not sampled for sampled in root.sampled_mask]
+    # The child was generated from the prompt, the root's tokens up to its
+    # <promise>, and the role marker: a plain request over that context
+    # samples the same tokens with the same logprobs.
+    assert root.token_ids[child.fork_position - 1] == hook_ids.promise
+    context = (output.prompt_token_ids +
+               list(root.token_ids[:child.fork_position]) + [hook_ids.child])
+    [plain
+     ] = plain_llm.generate({"prompt_token_ids": context},
+                            SamplingParams(temperature=0.0,
+                                           max_tokens=len(child.token_ids),
+                                           logprobs=2,
+                                           logits_processors=[
+                                               scripted(plans,
+                                                        hook_ids,
+                                                        role=(0, ))
+                                           ]),
+                            use_tqdm=False)
+    assert child.token_ids == tuple(plain.outputs[0].token_ids)
+    assert sampled_logprobs(child) == pytest.approx(sampled_logprobs_of(
+        plain.outputs[0]),
+                                                    abs=1e-4)
+    assert child.cumulative_logprob == pytest.approx(sum(
+        sampled_logprobs(child)),
+                                                     abs=1e-4)
+    assert_engine_clean(hooked_llm)
+
+
+def sampled_logprobs_of(completion):
+    return [
+        entry[token].logprob
+        for token, entry in zip(completion.token_ids, completion.logprobs)
+    ]
+
+
+def test_nodes_carry_no_logprobs_unless_asked(hooked_llm, hook_ids):
+    output = run(hooked_llm, programs(hook_ids)["nested"], hook_ids)
+    nodes = [output.promise_tree]
+    while nodes:
+        node = nodes.pop()
+        assert node.logprobs is None and node.cumulative_logprob is None
+        assert node.finish_reason == "stop" and node.token_ids
+        nodes.extend(node.children)
+
+
+def tokens_of(node) -> list:
+    """A subtree's tokens, request ids left out."""
+    return [node.token_ids] + [tokens_of(child) for child in node.children]
+
+
+def test_each_sample_has_its_own_tree(hooked_llm, hook_ids):
+    plans = programs(hook_ids)["several promises"]
+
+    def sample():
+        return run(hooked_llm,
+                   plans,
+                   hook_ids,
+                   n=4,
+                   temperature=1.0,
+                   seed=11,
+                   logprobs=0)
+
+    output, again = sample(), sample()
+    # Per-sample trees are on the completions; the request has none.
+    assert output.promise_tree is None
+    trees = [completion.promise_tree for completion in output.outputs]
+    assert len({tree.request_id for tree in trees}) == 4
+    for completion, tree in zip(output.outputs, trees):
+        assert tree.token_ids == tuple(completion.token_ids)
+        assert len(tree.children) == 3
+    # Distinct seeds per sample and per child: different children; the
+    # same seed again: the same trees.
+    texts = [child.text for tree in trees for child in tree.children]
+    assert len(set(texts)) == len(texts)
+    assert [tokens_of(c.promise_tree)
+            for c in again.outputs] == [tokens_of(tree) for tree in trees]
+    assert_engine_clean(hooked_llm)
+
+
+def test_training_records_hold_what_the_engine_ran(hooked_llm, hook_ids,
+                                                   monkeypatch):
+    coordinator = hooked_llm.llm_engine.output_processor.coordinator
+    finished = coordinator.finished
+    ran = {}
+
+    def recording_finished(seq_group):
+        ran[seq_group.request_id] = seq_group.first_seq.get_token_ids()
+        finished(seq_group)
+
+    monkeypatch.setattr(coordinator, "finished", recording_finished)
+    plans = programs(hook_ids)["nested"]
+    output = run(hooked_llm,
+                 plans,
+                 hook_ids,
+                 n=2,
+                 temperature=1.0,
+                 seed=5,
+                 logprobs=0)
+    for completion in output.outputs:
+        records = training_records(output.prompt_token_ids,
+                                   completion.promise_tree, hook_ids.child)
+        assert len(records) == 4
+        for record in records:
+            # Context and tokens are exactly the sequence the engine ran.
+            assert list(record.context_token_ids +
+                        record.token_ids) == ran[record.request_id]
+            assert len(record.logprobs) == len(record.token_ids)
+            assert [lp is None for lp in record.logprobs
+                    ] == [not sampled for sampled in record.sampled_mask]
+        root, child = records[0], records[1]
+        assert root.parent_id is None and child.parent_id == root.request_id
+    assert_engine_clean(hooked_llm)
+
+
+def test_an_aborted_child_is_recorded_without_results(hooked_llm, hook_ids):
+    plans = {(): [NONE, hook_ids.promise, NONE], (0, ): [NONE] * 30}
+    [child] = run(hooked_llm, plans, hook_ids).promise_tree.children
+    assert child.finish_reason == "abort" and child.token_ids == ()
+    assert_engine_clean(hooked_llm)
