@@ -103,7 +103,7 @@ def test_scheduled_tokens_for_child_start_and_parent_resume(
     tree = tree_of(output)
     [child] = tree["children"]
     child_chunks = [n for _, rid, n in log if rid == child["request_id"]]
-    root_chunks = [n for _, rid, n in log if rid == output.request_id]
+    root_chunks = [n for _, rid, n in log if rid == tree["request_id"]]
     print(f"child chunks {child_chunks}, root chunks {root_chunks}")
     # The child computes only <promise> and its role marker, then decodes.
     assert child_chunks[0] == 2
@@ -132,8 +132,10 @@ def test_child_shares_full_blocks_and_copies_the_partial_one(
     try:
         engine.step()  # the prompt; samples <promise>
         engine.step()  # <promise> for the parent, and the child's start
-        [child_id] = [rid for rid in scheduler.requests if rid != "long"]
-        [parent_blocks] = manager.get_blocks("long").blocks
+        [(root_id, tree)] = scheduler.trees.items()
+        [child] = tree.root.children
+        child_id = child.request_id
+        [parent_blocks] = manager.get_blocks(root_id).blocks
         [child_blocks] = manager.get_blocks(child_id).blocks
         assert child_blocks[0] is parent_blocks[0]
         assert parent_blocks[0].ref_cnt == 2
