@@ -22,9 +22,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from tiny_model import (CHILD, PROMISE, SYNC, build_tiny_model,  # noqa: E402
-                        build_tokenizer)
-
+import tiny_model  # noqa: E402  (mytests/tiny_model.py)
 
 
 def _v0_conftest():
@@ -47,10 +45,10 @@ def v1_llm(model_path: Path, hook_ids=None, **engine_kwargs):
         hook_ids: `HookIds` to turn the hooks on (role marker included).
         engine_kwargs: Overrides of the engine arguments.
     """
-    from scripted_logits import ScriptedHooksV1
+    from scripted_logits import RandomHooksV1, ScriptedHooksV1
+    from vllm_sequence_hooks import hooked_engine_args
 
     from vllm import LLM
-    from vllm_sequence_hooks import hooked_engine_args
     if hook_ids is not None:
         engine_kwargs.update(
             hooked_engine_args({
@@ -64,7 +62,7 @@ def v1_llm(model_path: Path, hook_ids=None, **engine_kwargs):
                    "enforce_eager": True,
                    "dtype": "float32",
                    "seed": 0,
-                   "logits_processors": [ScriptedHooksV1],
+                   "logits_processors": [ScriptedHooksV1, RandomHooksV1],
                    **engine_kwargs
                })
 
@@ -72,14 +70,16 @@ def v1_llm(model_path: Path, hook_ids=None, **engine_kwargs):
 @pytest.fixture(scope="session")
 def tiny_model_path(tmp_path_factory) -> Path:
     """A tiny Llama checkpoint with the hook tokens, made once a session."""
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+    return tiny_model.build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")
 def hook_ids() -> HookIds:
-    tokenizer = build_tokenizer()
-    return HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
-                   tokenizer.eos_token_id)
+    tokenizer = tiny_model.build_tokenizer()
+    return HookIds(
+        *tokenizer.convert_tokens_to_ids(
+            [tiny_model.SYNC, tiny_model.PROMISE, tiny_model.CHILD]),
+        tokenizer.eos_token_id)
 
 
 @pytest.fixture(scope="session")

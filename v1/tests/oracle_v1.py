@@ -60,10 +60,13 @@ def reference(plain_llm,
         # Up to the next <sync>, or to the EOS forced after the plan.
         max_tokens = (syncs[0] if syncs else len(plan)) - step + 1
         context = prompt_ids + node.token_ids
-        [output] = plain_llm.generate(
-            {"prompt_token_ids": context},
-            scripted_params(plans, ids, max_tokens, role=role, step=step),
-            use_tqdm=False)
+        [output] = plain_llm.generate({"prompt_token_ids": context},
+                                      scripted_params(plans,
+                                                      ids,
+                                                      max_tokens,
+                                                      role=role,
+                                                      step=step),
+                                      use_tqdm=False)
         segment = list(output.outputs[0].token_ids)
         for i, token_id in enumerate(segment):
             if token_id == ids.promise:

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The scripted promise/sync programs as a V1 logits processor.
+"""Scripted and random promise/sync programs as V1 logits processors.
 
 V1 has no per-request callables: a batch-level processor class is given to
 the engine (`LLM(logits_processors=[ScriptedHooksV1])`) and each request
@@ -12,6 +12,7 @@ starts from a copy), and a parked parent keeps its params object across
 its removal from and return to the model runner's batch.
 """
 
+import random
 from typing import Any, Optional
 
 import torch
@@ -21,6 +22,8 @@ from vllm.v1.sample.logits_processor import (BatchUpdate, LogitsProcessor,
 
 # Key of `SamplingParams.extra_args` that holds a request's script.
 SCRIPT_KEY = "scripted_hooks"
+# Key of `SamplingParams.extra_args` that holds a random policy (the fuzz).
+POLICY_KEY = "random_hooks"
 
 
 def make_script(plans: dict,
@@ -63,12 +66,15 @@ def role_of(script: dict, token_ids: list[int]) -> list[int]:
     return role
 
 
-class ScriptedHooksV1(LogitsProcessor):
-    """Forces each scripted request's token by its role path's plan."""
+class RowsByExtraArg(LogitsProcessor):
+    """Tracks the batch rows whose request carries ``extra_args[KEY]``."""
+
+    # The `SamplingParams.extra_args` key this processor acts on.
+    KEY = ""
 
     def __init__(self, vllm_config, device: torch.device,
                  is_pin_memory: bool) -> None:
-        # Batch row -> (script, prompt token ids, live output token ids).
+        # Batch row -> (its extra arg, prompt ids, live output ids).
         self.rows: dict[int, tuple[dict, list[int], list[int]]] = {}
 
     def is_argmax_invariant(self) -> bool:
@@ -80,11 +86,11 @@ class ScriptedHooksV1(LogitsProcessor):
         for index in batch_update.removed:
             self.rows.pop(index, None)
         for index, params, prompt_ids, output_ids in batch_update.added:
-            script = (params.extra_args or {}).get(SCRIPT_KEY)
-            if script is None:
+            value = (params.extra_args or {}).get(self.KEY)
+            if value is None:
                 self.rows.pop(index, None)
             else:
-                self.rows[index] = (script, prompt_ids or [], output_ids)
+                self.rows[index] = (value, prompt_ids or [], output_ids)
         for first, second, direction in batch_update.moved:
             moving = self.rows.pop(first, None)
             other = self.rows.pop(second, None)
@@ -93,6 +99,12 @@ class ScriptedHooksV1(LogitsProcessor):
             if moving is not None:
                 self.rows[second] = moving
 
+
+class ScriptedHooksV1(RowsByExtraArg):
+    """Forces each scripted request's token by its role path's plan."""
+
+    KEY = SCRIPT_KEY
+
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         for index, (script, prompt_ids, output_ids) in self.rows.items():
             if script["fixed_role"] is None:
@@ -100,8 +112,9 @@ class ScriptedHooksV1(LogitsProcessor):
                 if role != script["role"]:
                     # A child's first step: it still had its parent's.
                     script["role"], script["step"] = role, 0
-            plan = next((p for path, p in script["plans"]
-                         if path == script["role"]), [])
+            plan = next(
+                (p for path, p in script["plans"] if path == script["role"]),
+                [])
             step = script["step"]
             forced = plan[step] if step < len(plan) else script["eos"]
             script["step"] += 1
@@ -110,4 +123,30 @@ class ScriptedHooksV1(LogitsProcessor):
             else:
                 logits[index].fill_(-float("inf"))
                 logits[index, forced] = 0.0
+        return logits
+
+
+class RandomHooksV1(RowsByExtraArg):
+    """Forces a token drawn from a hash of the request's whole context.
+
+    For the fuzz: `extra_args[POLICY_KEY]` holds a seed, the words to draw
+    from and `[token id, probability]` pairs for the hook tokens and EOS.
+    Stateless, so a child (same policy, another context) draws its own
+    tokens and a resumed parent needs nothing restored.
+    """
+
+    KEY = POLICY_KEY
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for index, (policy, prompt_ids, output_ids) in self.rows.items():
+            rng = random.Random(
+                hash((policy["seed"], *prompt_ids, *output_ids)))
+            draw, token_id = rng.random(), rng.choice(policy["words"])
+            for hook_id, p in policy["hooks"]:
+                if draw < p:
+                    token_id = hook_id
+                    break
+                draw -= p
+            logits[index].fill_(-float("inf"))
+            logits[index, token_id] = 0.0
         return logits

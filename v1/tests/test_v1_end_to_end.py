@@ -11,7 +11,6 @@ no request, no tree left.
 import pytest
 from oracle_v1 import reference, scripted_params
 from test_end_to_end import PROMPTS, programs
-
 from vllm_sequence_hooks import TREE_KEY
 
 NONE = None
@@ -53,7 +52,8 @@ def assert_tree_matches(node, expected):
 
 def run_hooked(llm, ids, prompts, plan_list, max_tokens=64):
     return llm.generate(
-        prompts, [scripted_params(plans, ids, max_tokens) for plans in plan_list],
+        prompts,
+        [scripted_params(plans, ids, max_tokens) for plans in plan_list],
         use_tqdm=False)
 
 
@@ -96,8 +96,7 @@ def test_scheduled_tokens_for_child_start_and_parent_resume(
     scheduler.computed_log = []
     try:
         plans = programs(hook_ids)["sync before the child finishes"]
-        [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"],
-                              [plans])
+        [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
     finally:
         log, scheduler.computed_log = scheduler.computed_log, None
     tree = tree_of(output)

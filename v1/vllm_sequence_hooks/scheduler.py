@@ -12,18 +12,17 @@ from collections.abc import Iterable
 from typing import Any, Optional
 
 from sequence_hooks import SpecialKwargs
+from vllm_sequence_hooks.tree import PromiseTree, TreeNode
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.tokenizers import cached_tokenizer_from_config
 from vllm.utils.math_utils import cdiv
-from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
-from vllm_sequence_hooks.tree import PromiseTree, TreeNode
 
 logger = init_logger(__name__)
 
@@ -286,9 +285,9 @@ class SequenceHookScheduler(Scheduler):
         self.budgets.pop(node.request_id, None)
         parent_node = node.parent
         parent = self.requests.get(parent_node.request_id)
-        if (parent is not None and parent_node.parked and all(
-                child.is_finished
-                for child in parent_node.unmerged_children())):
+        if (parent is not None and parent_node.parked
+                and all(child.is_finished
+                        for child in parent_node.unmerged_children())):
             self._merge(parent, parent_node, by_id, extra)
 
     def _merge(self, request: Request, node: TreeNode,
@@ -420,5 +419,3 @@ def hooked_engine_args(special_kwargs: Any) -> dict[str, Any]:
             CONFIG_KEY: special_kwargs
         },
     }
-
-
