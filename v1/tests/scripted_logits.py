@@ -6,12 +6,14 @@ V1 has no per-request callables: a batch-level processor class is given to
 the engine (`LLM(logits_processors=[ScriptedHooksV1])`) and each request
 carries its script in `SamplingParams.extra_args["scripted_hooks"]`. A
 script holds the plans per role path (as `mytests/scripted_hooks.py`
-defines them) and its progress (role, step), kept in that same dict: the
-hook scheduler clones a parent's params for its children (so a child
-starts from a copy), and a parked parent keeps its params object across
-its removal from and return to the model runner's batch.
+defines them) and a nonce naming the request. Progress is kept in the
+processor per (nonce, role path told by the context): a child (a clone of
+its parent's params) has its own role path, and a parked parent's params
+may come back to the model runner as a fresh copy when it resumes.
 """
 
+import itertools
+import json
 import random
 from typing import Any, Optional
 
@@ -24,6 +26,8 @@ from vllm.v1.sample.logits_processor import (BatchUpdate, LogitsProcessor,
 SCRIPT_KEY = "scripted_hooks"
 # Key of `SamplingParams.extra_args` that holds a random policy (the fuzz).
 POLICY_KEY = "random_hooks"
+# Names each script's request (progress is kept per request and role).
+_nonces = itertools.count()
 
 
 def make_script(plans: dict,
@@ -49,8 +53,8 @@ def make_script(plans: dict,
         "eos": ids.eos,
         "masked": list(masked_ids),
         "fixed_role": None if role is None else list(role),
-        "role": None if role is None else list(role),
         "step": step,
+        "nonce": f"{random.getrandbits(64):x}-{next(_nonces)}",
     }
 
 
@@ -87,6 +91,10 @@ class RowsByExtraArg(LogitsProcessor):
             self.rows.pop(index, None)
         for index, params, prompt_ids, output_ids in batch_update.added:
             value = (params.extra_args or {}).get(self.KEY)
+            if isinstance(value, str):
+                # From the OpenAI server: `vllm_xargs` values are scalars,
+                # so the script comes as JSON.
+                value = json.loads(value)
             if value is None:
                 self.rows.pop(index, None)
             else:
@@ -105,19 +113,25 @@ class ScriptedHooksV1(RowsByExtraArg):
 
     KEY = SCRIPT_KEY
 
+    def __init__(self, vllm_config, device: torch.device,
+                 is_pin_memory: bool) -> None:
+        super().__init__(vllm_config, device, is_pin_memory)
+        # (nonce, role path) -> the next plan step.
+        self.progress: dict[tuple[str, tuple[int, ...]], int] = {}
+
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         for index, (script, prompt_ids, output_ids) in self.rows.items():
-            if script["fixed_role"] is None:
-                role = role_of(script, prompt_ids + output_ids)
-                if role != script["role"]:
-                    # A child's first step: it still had its parent's.
-                    script["role"], script["step"] = role, 0
-            plan = next(
-                (p for path, p in script["plans"] if path == script["role"]),
-                [])
-            step = script["step"]
+            # Keyed by the role the context tells even for a fixed-role
+            # script: a child spawned on a hooked engine during a reference
+            # segment then does not advance the segment's progress.
+            told = role_of(script, prompt_ids + output_ids)
+            role = told if script["fixed_role"] is None else script[
+                "fixed_role"]
+            key = (script["nonce"], tuple(told))
+            step = self.progress.get(key, script["step"])
+            self.progress[key] = step + 1
+            plan = next((p for path, p in script["plans"] if path == role), [])
             forced = plan[step] if step < len(plan) else script["eos"]
-            script["step"] += 1
             if forced is None:
                 logits[index, script["masked"]] = -float("inf")
             else:

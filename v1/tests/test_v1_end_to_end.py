@@ -164,6 +164,22 @@ def test_parent_eos_aborts_live_children(hooked_llm, plain_llm, hook_ids,
     assert_engine_clean(hooked_llm)
 
 
+def test_child_promising_as_its_root_ends_spawns_nothing(hooked_llm, hook_ids):
+    # The root samples its EOS in the step its child samples <promise>:
+    # the root's output comes first and aborts the child, whose promise
+    # must then be ignored (found by the reference runs).
+    plans = {
+        (): [hook_ids.promise, NONE],
+        (0, ): [NONE, hook_ids.promise] + [NONE] * 10,
+        (0, 0): [NONE] * 10,
+    }
+    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
+    [child] = tree_of(output)["children"]
+    assert child["finish_reason"] == "abort"
+    assert child["children"] == []
+    assert_engine_clean(hooked_llm)
+
+
 def test_aborting_a_request_aborts_its_tree(hooked_llm, hook_ids):
     engine = hooked_llm.llm_engine
     scheduler = scheduler_of(hooked_llm)

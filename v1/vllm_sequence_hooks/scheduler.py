@@ -179,6 +179,9 @@ class SequenceHookScheduler(Scheduler):
     def _on_output(self, request: Request, out: EngineCoreOutput,
                    by_id: dict[str, EngineCoreOutput],
                    extra: dict[int, list[EngineCoreOutput]]) -> None:
+        if out.finish_reason is None and request.is_finished():
+            # Aborted earlier in this step, with its finished ancestor.
+            return
         node = self.nodes.get(request.request_id)
         if out.finish_reason is not None:
             if node is not None and not node.is_finished:
