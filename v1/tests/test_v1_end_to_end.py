@@ -180,6 +180,29 @@ def test_child_promising_as_its_root_ends_spawns_nothing(hooked_llm, hook_ids):
     assert_engine_clean(hooked_llm)
 
 
+def test_parked_parents_do_not_block_their_children(hooked_llm, hook_ids):
+    # As many parents as max_num_seqs, all parked at once: their children
+    # must still be admitted.
+    engine = hooked_llm.llm_engine
+    scheduler = scheduler_of(hooked_llm)
+    plans = {(): [hook_ids.promise, hook_ids.sync, NONE], (0, ): [NONE] * 4}
+    limit = scheduler.max_num_active_reqs
+    scheduler.max_num_active_reqs = 2
+    try:
+        for request_id in ("71", "72"):
+            engine.add_request(request_id, {"prompt_token_ids": [7, 8, 9]},
+                               scripted_params(plans, hook_ids))
+        finished = []
+        for _ in range(100):
+            if not engine.has_unfinished_requests():
+                break
+            finished += [o.request_id for o in engine.step() if o.finished]
+    finally:
+        scheduler.max_num_active_reqs = limit
+    assert sorted(finished) == ["71", "72"]
+    assert_engine_clean(hooked_llm)
+
+
 def test_aborting_a_request_aborts_its_tree(hooked_llm, hook_ids):
     engine = hooked_llm.llm_engine
     scheduler = scheduler_of(hooked_llm)

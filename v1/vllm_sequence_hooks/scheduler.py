@@ -106,8 +106,19 @@ class SequenceHookScheduler(Scheduler):
     # ----------------------------------------------------------- scheduling
 
     def schedule(self, *args, **kwargs) -> SchedulerOutput:
-        """Schedules as upstream; records tree members' chunk sizes."""
-        output = super().schedule(*args, **kwargs)
+        """Schedules as upstream, parked parents not counted as running.
+
+        Upstream counts parked streaming sessions against `max_num_seqs`;
+        a parked parent holds no row of the model runner's batch (it drops
+        unscheduled requests from it), and counting it could leave its own
+        children waiting forever once parents fill the limit.
+        """
+        parked = sum(node.parked for node in self.nodes.values())
+        self.num_waiting_for_streaming_input -= parked
+        try:
+            output = super().schedule(*args, **kwargs)
+        finally:
+            self.num_waiting_for_streaming_input += parked
         if self.computed_log is not None:
             self.computed_log += [
                 (self.current_step, request_id, n)
@@ -364,6 +375,7 @@ class SequenceHookScheduler(Scheduler):
         live = [node for node in nodes if not node.is_finished]
         for node in live:
             node.finish_reason = "abort"
+            node.parked = False
             self.pending_forks.pop(node.request_id, None)
         if live:
             super().finish_requests([node.request_id for node in live],
@@ -381,6 +393,7 @@ class SequenceHookScheduler(Scheduler):
                 if node is not None and node.parent is None:
                     self._abort(node.live_descendants())
                     node.finish_reason = "abort"
+                    node.parked = False
                     self.trees.pop(request_id, None)
                     for member in self._all_nodes(node):
                         self.nodes.pop(member.request_id, None)
