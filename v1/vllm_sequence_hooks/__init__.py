@@ -1,0 +1,8 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Promise/sync sequence hooks for the V1 engine of stock vLLM."""
+
+from vllm_sequence_hooks.scheduler import (TREE_KEY, SequenceHookScheduler,
+                                           hooked_engine_args)
+
+__all__ = ["SequenceHookScheduler", "TREE_KEY", "hooked_engine_args"]
