@@ -16,14 +16,9 @@ import pytest
 from sequence_hooks_testkit.engines import (assert_engine_clean,
                                             assert_tree_matches, run_hooked)
 from sequence_hooks_testkit.oracle import reference, scripted
-from sequence_hooks_testkit.programs import NONE, programs
+from sequence_hooks_testkit.programs import NONE, PROMPTS, programs
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from vllm import SamplingParams
-
-PROMPTS = [
-    "the cat sees", "one two three", "big red dog", "a small bird",
-    "the sun and the moon", "old tree", "five fish", "green star"
-]
 
 
 @pytest.mark.parametrize("name", [

@@ -11,6 +11,11 @@ from sequence_hooks_testkit.tiny_model import HookIds
 
 NONE = None
 Program = dict[RolePath, Plan]
+# Prompts of the tiny vocabulary for batched runs.
+PROMPTS = [
+    "the cat sees", "one two three", "big red dog", "a small bird",
+    "the sun and the moon", "old tree", "five fish", "green star"
+]
 
 
 def programs(ids: HookIds) -> dict[str, Program]:

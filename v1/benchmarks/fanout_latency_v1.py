@@ -22,13 +22,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "v1" / "tests"), str(ROOT / "mytests")]
 
 PREFIX_TOKENS = 8  # a
 SUFFIX_TOKENS = 8  # n
@@ -51,7 +47,7 @@ def plans_for(ids, k: int, m: int, hooked: bool) -> dict:
 
 def timed(llm, ids, plans) -> tuple:
     """One request over ``plans``: output, seconds, engine steps."""
-    from oracle_v1 import scripted_params
+    from sequence_hooks_testkit.v1_oracle import scripted_params
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     first_step = scheduler.current_step
     start = time.perf_counter()
@@ -72,15 +68,14 @@ def main() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from conftest import HookIds, v1_llm
-    from tiny_model import (CHILD, PROMISE, SYNC, build_tiny_model,
-                            build_tokenizer)
     from vllm_sequence_hooks import TREE_KEY
 
+    from sequence_hooks_testkit.tiny_model import (build_tiny_model,
+                                                   tiny_hook_ids)
+    from sequence_hooks_testkit.v1_engines import v1_llm
+
     model = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
-    tokenizer = build_tokenizer()
-    ids = HookIds(*tokenizer.convert_tokens_to_ids([SYNC, PROMISE, CHILD]),
-                  tokenizer.eos_token_id)
+    ids = tiny_hook_ids()
     llm = v1_llm(model, ids, max_model_len=512, max_num_seqs=64)
     timed(llm, ids, plans_for(ids, 2, 8, True))  # warm-up
     rows = []

@@ -9,9 +9,11 @@ no request, no tree left.
 """
 
 import pytest
-from oracle_v1 import reference, scripted_params
-from test_end_to_end import PROMPTS, programs
 from vllm_sequence_hooks import TREE_KEY
+
+from sequence_hooks_testkit.programs import PROMPTS, programs
+from sequence_hooks_testkit.v1_engines import assert_engine_clean, scheduler_of
+from sequence_hooks_testkit.v1_oracle import reference, scripted_params
 
 NONE = None
 PROGRAM_NAMES = [
@@ -19,23 +21,6 @@ PROGRAM_NAMES = [
     "sync before the child finishes", "sync after the child finished",
     "two rounds", "sync without children"
 ]
-
-
-def scheduler_of(llm):
-    """The engine core's scheduler (in-process engine core)."""
-    return llm.llm_engine.engine_core.engine_core.scheduler
-
-
-def assert_engine_clean(llm):
-    scheduler = scheduler_of(llm)
-    pool = scheduler.kv_cache_manager.block_pool
-    assert not llm.llm_engine.has_unfinished_requests()
-    assert scheduler.requests == {}
-    assert scheduler.nodes == {} and scheduler.trees == {}
-    assert scheduler.pending_forks == {} and scheduler.budgets == {}
-    assert scheduler.num_waiting_for_streaming_input == 0
-    # Every block but the pool's reserved null block is free.
-    assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
 
 
 def tree_of(output):

@@ -16,9 +16,9 @@ import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from scripted_logits import POLICY_KEY
-from test_v1_end_to_end import assert_engine_clean, scheduler_of
 
+from sequence_hooks_testkit.v1_engines import assert_engine_clean, scheduler_of
+from sequence_hooks_testkit.v1_scripted_logits import POLICY_KEY
 from vllm import SamplingParams
 
 EXAMPLES = int(os.environ.get("HOOK_FUZZ_EXAMPLES", "12"))

@@ -16,15 +16,14 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
-from oracle_v1 import MASKED_IDS
-from scripted_logits import SCRIPT_KEY, make_script
-from test_end_to_end import programs
 
-TESTS = Path(__file__).resolve().parent
+from sequence_hooks_testkit.programs import programs
+from sequence_hooks_testkit.v1_oracle import MASKED_IDS
+from sequence_hooks_testkit.v1_scripted_logits import SCRIPT_KEY, make_script
+
 # Server start (engine core in its own process) and shutdown bounds.
 START_TIMEOUT_S = 240
 REQUEST_TIMEOUT_S = 60
@@ -47,10 +46,7 @@ def server(tiny_model_path, tmp_path_factory):
             "child_role_token": "<child>"
         }
     }
-    env = dict(os.environ,
-               PYTHONPATH=os.pathsep.join(
-                   [str(TESTS), str(TESTS.parents[1] / "mytests")]),
-               VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")
     log_path = tmp_path_factory.mktemp("serve") / "server.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
@@ -79,7 +75,7 @@ def server(tiny_model_path, tmp_path_factory):
                 "--additional-config",
                 json.dumps(config),
                 "--logits-processors",
-                "scripted_logits:ScriptedHooksV1"
+                "sequence_hooks_testkit.v1_scripted_logits:ScriptedHooksV1"
             ],
             env=env,
             stdout=log,

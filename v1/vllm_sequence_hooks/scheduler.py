@@ -11,9 +11,9 @@ step's sampled tokens. See docs/v1.md.
 from collections.abc import Iterable
 from typing import Any, Optional
 
-from sequence_hooks import SpecialKwargs
 from vllm_sequence_hooks.tree import PromiseTree, TreeNode
 
+from sequence_hooks import SpecialKwargs
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.tokenizers import cached_tokenizer_from_config

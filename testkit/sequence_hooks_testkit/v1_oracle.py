@@ -8,9 +8,9 @@ to their `<promise>` and role marker, merges tokenized and appended at each
 through `SamplingParams.extra_args` and a batch-level logits processor.
 """
 
-from oracle import ReferenceNode
-from scripted_logits import SCRIPT_KEY, make_script
-from tiny_model import SPECIAL_TOKENS
+from sequence_hooks_testkit.oracle import ReferenceNode
+from sequence_hooks_testkit.tiny_model import SPECIAL_TOKENS
+from sequence_hooks_testkit.v1_scripted_logits import SCRIPT_KEY, make_script
 
 # Never chosen on a free step: the hook tokens, EOS and the other specials.
 MASKED_IDS = range(len(SPECIAL_TOKENS))
