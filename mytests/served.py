@@ -35,8 +35,8 @@ class Reply:
     def error_message(self) -> str:
         """The message of an error reply (or of an error inside a stream)."""
         if isinstance(self.body, dict):
-            return self.body.get("message") or self.body.get(
-                "error", {}).get("message", "")
+            return self.body.get("message") or self.body.get("error", {}).get(
+                "message", "")
         return self.text
 
 

@@ -260,71 +260,122 @@ def guided_cases() -> dict:
 
 CASES = {
     **guided_cases(),
-    "best_of": Case({"n": 1, "best_of": 3, **SAMPLED}),
-    "n": Case({"n": 2, **SAMPLED}),
-    "n-streamed": Case({"n": 2, "stream": True, **SAMPLED}),
-    "echo": Case({"echo": True}),
-    "echo-logprobs": Case({"echo": True, "logprobs": 2}),
-    "penalties": Case({
+    "best_of":
+    Case({
+        "n": 1,
+        "best_of": 3,
+        **SAMPLED
+    }),
+    "n":
+    Case({
+        "n": 2,
+        **SAMPLED
+    }),
+    "n-streamed":
+    Case({
+        "n": 2,
+        "stream": True,
+        **SAMPLED
+    }),
+    "echo":
+    Case({"echo": True}),
+    "echo-logprobs":
+    Case({
+        "echo": True,
+        "logprobs": 2
+    }),
+    "penalties":
+    Case({
         "frequency_penalty": 0.5,
         "presence_penalty": 0.5,
         "repetition_penalty": 1.2
     }),
-    "logit_bias": Case({"logit_bias": {"13": 5.0, "20": -100}}),
-    "logprobs": Case({"logprobs": 3}),
-    "logprobs-too-many": Case({"logprobs": 30},
-                              status=BOTH_REFUSE,
-                              message={"stock": "logprobs"}),
-    "max_tokens-too-many": Case({"max_tokens": 10**6},
-                                status=BOTH_REFUSE,
-                                message={"stock": "max_tokens"}),
-    "max_tokens-zero": Case({"max_tokens": 0}, status=BOTH_REFUSE),
-    "seed": Case(SAMPLED),
-    "sampling": Case({
+    "logit_bias":
+    Case({"logit_bias": {
+        "13": 5.0,
+        "20": -100
+    }}),
+    "logprobs":
+    Case({"logprobs": 3}),
+    "logprobs-too-many":
+    Case({"logprobs": 30}, status=BOTH_REFUSE, message={"stock": "logprobs"}),
+    "max_tokens-too-many":
+    Case({"max_tokens": 10**6},
+         status=BOTH_REFUSE,
+         message={"stock": "maximum context length"}),
+    "max_tokens-zero":
+    Case({"max_tokens": 0}, status=BOTH_REFUSE),
+    "seed":
+    Case(SAMPLED),
+    "sampling":
+    Case({
         "top_p": 0.5,
         "top_k": 5,
         "min_p": 0.1,
         **SAMPLED
     }),
-    "stop": Case({
+    "stop":
+    Case({
         "stop": ["cat", "dog"],
         "include_stop_str_in_output": True
     }),
-    "stop_token_ids": Case({"stop_token_ids": [13, 14]}),
-    "stream": Case({
+    "stop_token_ids":
+    Case({"stop_token_ids": [13, 14]}),
+    "stream":
+    Case({
         "stream": True,
         "stream_options": {
             "include_usage": True,
             "continuous_usage_stats": True
         }
     }),
-    "suffix": Case({"suffix": "the end"},
-                   status=BOTH_REFUSE,
-                   message={"stock": "suffix"}),
-    "user": Case({"user": "someone"}),
-    "beam": Case({
+    "suffix":
+    Case({"suffix": "the end"},
+         status=BOTH_REFUSE,
+         message={"stock": "suffix"}),
+    "user":
+    Case({"user": "someone"}),
+    "beam":
+    Case({
         "use_beam_search": True,
         "n": 2,
         "length_penalty": 0.5
     },
-                 status=HOOKED_REFUSES,
-                 message={"hooked": "use_beam_search"}),
-    "ignore_eos": Case({"ignore_eos": True, "max_tokens": 30}),
-    "min_tokens": Case({"min_tokens": 20}),
-    "special_tokens": Case({
+         status=HOOKED_REFUSES,
+         message={"hooked": "use_beam_search"}),
+    "ignore_eos":
+    Case({
+        "ignore_eos": True,
+        "max_tokens": 30
+    }),
+    "min_tokens":
+    Case({"min_tokens": 20}),
+    "special_tokens":
+    Case({
         "skip_special_tokens": False,
         "spaces_between_special_tokens": False
     }),
-    "truncate_prompt_tokens": Case({"truncate_prompt_tokens": 2}),
-    "allowed_token_ids": Case({"allowed_token_ids": [13, 14, 2]}),
-    "prompt_logprobs": Case({"prompt_logprobs": 2}),
-    "prompt_embeds": Case({"prompt_embeds": "AAAA"},
-                          status=BOTH_REFUSE),
-    "add_special_tokens": Case({"add_special_tokens": False}),
-    "response_format-text": Case({"response_format": {
+    "truncate_prompt_tokens":
+    Case({"truncate_prompt_tokens": 2}),
+    "allowed_token_ids":
+    Case({"allowed_token_ids": [13, 14, 2]}),
+    "prompt_logprobs":
+    Case({"prompt_logprobs": 2}),
+    "prompt_embeds":
+    Case({"prompt_embeds": "AAAA"},
+         status=BOTH_REFUSE,
+         message={
+             "hooked": "--enable-prompt-embeds",
+             "stock": "--enable-prompt-embeds"
+         }),
+    "add_special_tokens":
+    Case({"add_special_tokens": False}),
+    "response_format-text":
+    Case({"response_format": {
         "type": "text"
     }}),
-    "response_format-json_schema": Case({
+    "response_format-json_schema":
+    Case({
         "response_format": {
             "type": "json_schema",
             "json_schema": {
@@ -335,43 +386,57 @@ CASES = {
             }
         }
     }),
-    "guided_whitespace_pattern": Case(
-        {
-            "guided_regex": "(cat|dog)",
-            "guided_whitespace_pattern": " *"
-        },
-        status=HOOKED_REFUSES,
-        message=GUIDED_MESSAGE),
-    "priority": Case({"priority": 1},
-                     status=BOTH_REFUSE,
-                     message={"stock": "priority"}),
-    "logits_processors-not-allowed": Case(
-        {"logits_processors": ["os.system"]},
-        status=BOTH_REFUSE,
-        message={"stock": "logits_processors"}),
-    "return_tokens_as_token_ids": Case({
+    "guided_whitespace_pattern":
+    Case({
+        "guided_regex": "(cat|dog)",
+        "guided_whitespace_pattern": " *"
+    },
+         status=HOOKED_REFUSES,
+         message=GUIDED_MESSAGE),
+    "priority":
+    Case({"priority": 1}, status=BOTH_REFUSE, message={"stock": "priority"}),
+    "logits_processors-not-allowed":
+    Case({"logits_processors": ["os.system"]},
+         status=BOTH_REFUSE,
+         message={"stock": "Logits processor 'os.system' is not allowed"}),
+    "return_tokens_as_token_ids":
+    Case({
         "return_tokens_as_token_ids": True,
         "logprobs": 1
     }),
-    "kv_transfer_params": Case({"kv_transfer_params": {"any": 1}}),
-    "vllm_xargs": Case({"vllm_xargs": {"any": 1}}),
-    "prompt-ids": Case({"prompt": [13, 14, 15]}),
-    "prompt-batch": Case({"prompt": ["the cat", "a dog"]}),
-    "prompt-empty": Case({"prompt": ""}, status=BOTH_REFUSE),
-    "model-unknown": Case({"model": "nobody"},
-                          status={
-                              "hooked": 404,
-                              "stock": 404
-                          }),
+    "kv_transfer_params":
+    Case({"kv_transfer_params": {
+        "any": 1
+    }}),
+    "vllm_xargs":
+    Case({"vllm_xargs": {
+        "any": 1
+    }}),
+    "prompt-ids":
+    Case({"prompt": [13, 14, 15]}),
+    "prompt-batch":
+    Case({"prompt": ["the cat", "a dog"]}),
+    "prompt-empty":
+    Case({"prompt": ""}, status=BOTH_REFUSE),
+    "model-unknown":
+    Case({"model": "nobody"}, status={
+        "hooked": 404,
+        "stock": 404
+    }),
     # The chat API's own fields.
-    "chat": Case({}, chat=True, covers=("messages", )),
-    "chat-streamed": Case({"stream": True}, chat=True),
-    "chat-logprobs": Case({
+    "chat":
+    Case({}, chat=True, covers=("messages", )),
+    "chat-streamed":
+    Case({"stream": True}, chat=True),
+    "chat-logprobs":
+    Case({
         "logprobs": True,
         "top_logprobs": 3
     }, chat=True),
-    "chat-echo": Case({"echo": True}, chat=True),
-    "chat-template": Case(
+    "chat-echo":
+    Case({"echo": True}, chat=True),
+    "chat-template":
+    Case(
         {
             "add_generation_prompt": False,
             "chat_template": "{% for m in messages %}{{ m['content'] }} "
@@ -385,7 +450,8 @@ CASES = {
             }],
         },
         chat=True),
-    "chat-continue": Case(
+    "chat-continue":
+    Case(
         {
             "messages": [{
                 "role": "user",
@@ -394,40 +460,56 @@ CASES = {
                 "role": "assistant",
                 "content": "sees a"
             }],
-            "add_generation_prompt": False,
-            "continue_final_message": True
+            "add_generation_prompt":
+            False,
+            "continue_final_message":
+            True
         },
         chat=True),
-    "chat-max_completion_tokens": Case({"max_completion_tokens": 30},
-                                       chat=True),
-    "chat-bad_words": Case({"bad_words": ["cat", "dog"]}, chat=True),
-    "chat-misc": Case(
+    "chat-max_completion_tokens":
+    Case({"max_completion_tokens": 30}, chat=True),
+    "chat-bad_words":
+    Case({"bad_words": ["cat", "dog"]}, chat=True),
+    # V0 has no per-request prefix-cache salt: refused by name.
+    "chat-cache_salt":
+    Case({"cache_salt": "salt"},
+         chat=True,
+         status=BOTH_REFUSE,
+         message={
+             "hooked": "cache_salt",
+             "stock": "cache_salt"
+         }),
+    "chat-misc":
+    Case(
         {
-            "cache_salt": "salt",
             "request_id": "mine",
             "mm_processor_kwargs": {},
             "parallel_tool_calls": False
         },
         chat=True),
-    "chat-tools-none": Case({
+    "chat-tools-none":
+    Case({
         "tools": [TOOL],
         "tool_choice": "none"
     }, chat=True),
-    "chat-tools-auto": Case({
+    "chat-tools-auto":
+    Case({
         "tools": [TOOL],
         "tool_choice": "auto"
     },
-                            chat=True,
-                            status=BOTH_REFUSE,
-                            message={"stock": "auto"}),
-    "chat-tools-required": Case({
+         chat=True,
+         status=BOTH_REFUSE,
+         message={"stock": "auto"}),
+    "chat-tools-required":
+    Case({
         "tools": [TOOL],
         "tool_choice": "required"
     },
-                                chat=True,
-                                status=BOTH_REFUSE,
-                                message={"hooked": "guided decoding"}),
-    "chat-tools-named": Case(
+         chat=True,
+         status=BOTH_REFUSE,
+         message={"hooked": "guided decoding"}),
+    "chat-tools-named":
+    Case(
         {
             "tools": [TOOL],
             "tool_choice": {
@@ -440,10 +522,12 @@ CASES = {
         chat=True,
         status=BOTH_REFUSE,
         message={"hooked": "guided decoding"}),
-    "chat-structural_tag": Case(
+    "chat-structural_tag":
+    Case(
         {
             "response_format": {
-                "type": "structural_tag",
+                "type":
+                "structural_tag",
                 "structures": [{
                     "begin": "<a>",
                     "schema": {
@@ -458,29 +542,31 @@ CASES = {
         chat=True,
         status=BOTH_REFUSE,
         covers=("response_format", "structural_tag")),
-    "chat-surrogate": Case(
-        {"messages": [{
-            "role": "user",
-            "content": "\ud800"
-        }]},
-        chat=True,
-        status=BOTH_REFUSE,
-        message={
-            "hooked": "lone surrogate",
-            "stock": "lone surrogate"
-        }),
-    "surrogate": Case({"prompt": "\udbff the"},
-                      status=BOTH_REFUSE,
-                      message={
-                          "hooked": "lone surrogate",
-                          "stock": "lone surrogate"
-                      }),
-    "prompt-out-of-vocabulary": Case({"prompt": [VOCAB_SIZE]},
-                                     status=BOTH_REFUSE,
-                                     message={
-                                         "hooked": "out of vocabulary",
-                                         "stock": "out of vocabulary"
-                                     }),
+    "chat-surrogate":
+    Case({"messages": [{
+        "role": "user",
+        "content": "\ud800"
+    }]},
+         chat=True,
+         status=BOTH_REFUSE,
+         message={
+             "hooked": "lone surrogate",
+             "stock": "lone surrogate"
+         }),
+    "surrogate":
+    Case({"prompt": "\udbff the"},
+         status=BOTH_REFUSE,
+         message={
+             "hooked": "lone surrogate",
+             "stock": "lone surrogate"
+         }),
+    "prompt-out-of-vocabulary":
+    Case({"prompt": [VOCAB_SIZE]},
+         status=BOTH_REFUSE,
+         message={
+             "hooked": "out of vocabulary",
+             "stock": "out of vocabulary"
+         }),
 }
 
 
@@ -513,12 +599,12 @@ def test_offline_engine_survives_a_raising_logits_processor(hooked_llm):
     def raises(token_ids, logits):
         raise RuntimeError("a broken processor")
 
-    broken, fine = hooked_llm.generate(
-        ["the cat sees", "the cat sees"], [
-            SamplingParams(max_tokens=8, logits_processors=[raises]),
-            SamplingParams(max_tokens=8, temperature=0.0)
-        ],
-        use_tqdm=False)
+    broken, fine = hooked_llm.generate(["the cat sees", "the cat sees"], [
+        SamplingParams(max_tokens=8, logits_processors=[raises]),
+        SamplingParams(max_tokens=8, temperature=0.0)
+    ],
+                                       use_tqdm=False)
     assert broken.outputs[0].finish_reason == "stop"
-    assert broken.outputs[0].token_ids == [build_tokenizer().eos_token_id]
+    assert list(
+        broken.outputs[0].token_ids) == [build_tokenizer().eos_token_id]
     assert len(fine.outputs[0].token_ids) == 8
