@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from sequence_hooks_testkit.oracle import scripted
+from sequence_hooks_testkit.programs import two_children
 from sequence_hooks_testkit.server import (STARTUP_SECONDS, VLLM, free_port,
                                            metric, running_server,
                                            scripted_request_body,
@@ -32,15 +33,6 @@ def server(tiny_model_path, tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     with running_server(tiny_model_path, log) as base:
         yield base, str(tiny_model_path), log
-
-
-def program(ids, child_tokens=(3, 4)):
-    """A parent that promises two children, syncs, writes two more words."""
-    P, S = ids.promise, ids.sync
-    plans = {(): [None, P, None, P, S, None, None]}
-    for k, n in enumerate(child_tokens):
-        plans[(k, )] = [None] * n
-    return plans
 
 
 def client(server) -> openai.OpenAI:
@@ -77,7 +69,7 @@ def served_and_offline(server, hooked_llm, plans, hook_ids):
 
 
 def test_completion_carries_the_merged_children(server, hooked_llm, hook_ids):
-    plans = program(hook_ids)
+    plans = two_children(hook_ids)
     served, offline = served_and_offline(server, hooked_llm, plans, hook_ids)
     assert served.choices[0].text == offline.outputs[0].text
     for child in offline.promise_tree.children:
@@ -89,7 +81,7 @@ def test_completion_carries_the_merged_children(server, hooked_llm, hook_ids):
 
 
 def test_streamed_completion_delivers_the_parents_deltas(server, hook_ids):
-    plans = program(hook_ids)
+    plans = two_children(hook_ids)
     _, model, _ = server
     kwargs = dict(model=model,
                   prompt=PROMPT,
@@ -107,7 +99,7 @@ def test_streamed_completion_delivers_the_parents_deltas(server, hook_ids):
 
 
 def test_chat_plain_and_streamed(server, hook_ids):
-    plans = program(hook_ids)
+    plans = two_children(hook_ids)
     _, model, _ = server
     kwargs = dict(model=model,
                   messages=[{
@@ -138,7 +130,7 @@ def test_hook_metrics_count_what_a_request_did(server, hooked_llm, hook_ids):
         }
 
     before = read(counters)
-    plans = program(hook_ids)
+    plans = two_children(hook_ids)
     _, offline = served_and_offline(server, hooked_llm, plans, hook_ids)
     after = read(counters)
     # Two promises; the sync parks the parent (its second child has just
@@ -252,7 +244,7 @@ def assert_same_tree(served: dict, expected: dict) -> None:
 
 
 def test_promise_tree_over_the_api(server, hooked_llm, hook_ids):
-    plans = program(hook_ids)
+    plans = two_children(hook_ids)
     base, model, _ = server
     body = dict(model=model,
                 prompt=PROMPT,

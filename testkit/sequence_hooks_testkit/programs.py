@@ -63,3 +63,17 @@ def programs(ids: HookIds) -> dict[str, Program]:
             (): [NONE, S, NONE, NONE],
         },
     }
+
+
+def two_children(ids: HookIds, child_tokens=(3, 4)) -> Program:
+    """A parent that promises two children, syncs, writes two more words.
+
+    Args:
+        ids: The hook token ids.
+        child_tokens: Free tokens of each child before its EOS.
+    """
+    P, S = ids.promise, ids.sync
+    plans = {(): [NONE, P, NONE, P, S, NONE, NONE]}
+    for k, n in enumerate(child_tokens):
+        plans[(k, )] = [NONE] * n
+    return plans
