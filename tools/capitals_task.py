@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 # The hook tokens, as the model's set-up adds them.
 from prepare_base_model import CHILD, PROMISE, SYNC  # noqa: F401
+
 SYSTEM_PARALLEL = ("You are a helpful assistant. Answer each item in its own "
                    "parallel branch.")
 SYSTEM_SEQUENTIAL = ("You are a helpful assistant. Answer the items one by "
