@@ -109,6 +109,8 @@ def fixed_tokenizer(gguf: Path):
     # The chat template writes the BOS (`<|im_start|>`) itself: one added
     # by tokenization too would double it.
     tokenizer.add_bos_token = False
+    # Decoding must give back the encoded text exactly ("a ,b" stays so).
+    tokenizer.clean_up_tokenization_spaces = False
     return tokenizer
 
 
