@@ -1,0 +1,104 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The real model (SmolLM2-135M-Instruct, fine-tuned here) on the hooked
+engine: the protocol end to end with a BPE tokenizer and a chat template.
+
+- Parallel requests over held-out countries promise, their children finish
+  and are merged (the model's accuracy is its card's business: it does not
+  yet promise exactly one child per country).
+- A resumed parent continues exactly as a fresh request over the same full
+  token context does (greedy): the merge's re-tokenized text and the KV
+  cache it resumes on agree.
+- Merged text and hook tokens never corrupt the detokenized output: with
+  children made to write spaces, newlines and multi-byte characters, the
+  parent's text is the decode of its token ids, and holds the children's
+  texts verbatim.
+"""
+
+import capitals_task as task
+import eval_real_model as evaluation
+import prepare_base_model as prepare
+import pytest
+
+from sequence_hooks_testkit.scripted_hooks import ScriptedHooks
+from vllm import SamplingParams
+
+# One task per size 2..5: a handful of prompts in one batch.
+TASKS = evaluation.held_out_tasks(4, seed=3000)
+# Texts the scripted children write: leading, doubled and trailing
+# spaces, newlines, accents, CJK and an emoji (multi-byte in UTF-8).
+AWKWARD_TEXTS = [" Bogotá and  São Paulo\n", "東京 (Tōkyō)\n\n  ok 🙂 "]
+
+
+@pytest.fixture(scope="module")
+def real_llm():
+    return evaluation.load(prepare.merge_delta())
+
+
+@pytest.fixture(scope="module")
+def parallel_outputs(real_llm):
+    return real_llm.generate(
+        [evaluation.chat_prompt(real_llm, task.messages_of(t)) for t in TASKS],
+        SamplingParams(temperature=0.0, max_tokens=evaluation.MAX_TOKENS),
+        use_tqdm=False)
+
+
+def test_parallel_requests_run_their_trees_end_to_end(parallel_outputs):
+    # The protocol, not the model's accuracy (see its MODEL_CARD.md): every
+    # parallel request promises, its children finish, and their texts are
+    # merged verbatim into the parent's text.
+    for output in parallel_outputs:
+        tree = output.promise_tree
+        assert tree is not None and tree.children, output.outputs[0].text
+        for child in tree.children:
+            assert child.finish_reason in ("stop", "length")
+            assert child.token_ids
+        assert tree.num_merged_tokens > 0
+        assert tree.token_ids == tuple(output.outputs[0].token_ids)
+
+
+def test_resumed_parent_continues_as_a_fresh_request(real_llm,
+                                                     parallel_outputs):
+    sync_id = real_llm.get_tokenizer().convert_tokens_to_ids(task.SYNC)
+    contexts, continuations = [], []
+    for output in parallel_outputs:
+        ids = list(output.outputs[0].token_ids)
+        resume = (ids.index(sync_id) + 1 +
+                  output.promise_tree.num_merged_tokens)
+        contexts.append(
+            {"prompt_token_ids": list(output.prompt_token_ids) + ids[:resume]})
+        continuations.append(ids[resume:])
+    fresh = real_llm.generate(contexts, [
+        SamplingParams(temperature=0.0, max_tokens=len(c))
+        for c in continuations
+    ],
+                              use_tqdm=False)
+    assert [list(f.outputs[0].token_ids) for f in fresh] == continuations
+
+
+def test_merged_text_and_hook_tokens_keep_the_text_intact(real_llm):
+    tokenizer = real_llm.get_tokenizer()
+    promise, sync, child = tokenizer.convert_tokens_to_ids(
+        [task.PROMISE, task.SYNC, task.CHILD])
+    eos = tokenizer.eos_token_id
+    plans = {
+        (): [promise, promise, sync] + [None] * 12,
+        **{
+            (i, ): tokenizer.encode(text, add_special_tokens=False)
+            for i, text in enumerate(AWKWARD_TEXTS)
+        }
+    }
+    output = real_llm.generate(
+        evaluation.chat_prompt(real_llm, task.messages_of(TASKS[0])),
+        SamplingParams(temperature=0.0,
+                       max_tokens=64,
+                       logits_processors=[
+                           ScriptedHooks(plans, promise, child, eos,
+                                         [promise, sync, child, eos])
+                       ]),
+        use_tqdm=False)[0]
+    text, ids = output.outputs[0].text, output.outputs[0].token_ids
+    assert [c.text for c in output.promise_tree.children] == AWKWARD_TEXTS
+    assert text == tokenizer.decode(ids, skip_special_tokens=True)
+    assert text.startswith("\n".join(AWKWARD_TEXTS))
+    assert "\ufffd" not in text

