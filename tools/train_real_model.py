@@ -26,10 +26,9 @@ import random
 import time
 from pathlib import Path
 
+import capitals_task as task
+import prepare_base_model as prepare
 import torch
-
-import capitals_task as task  # noqa: E402
-import prepare_base_model as prepare  # noqa: E402
 
 LORA_RANK = 16
 LORA_TARGETS = [
