@@ -189,6 +189,11 @@ def test_disconnect_mid_stream_aborts_the_tree(server, hook_ids):
            or server_metric(server, KV_USAGE) > 0):
         assert time.monotonic() < deadline, "tree not aborted"
         time.sleep(0.5)
+    # The aborted parent's parked time was observed: every park is.
+    assert server_metric(server, "vllm:sequence_hook_parents_parked") == 0
+    assert server_metric(
+        server, "vllm:sequence_hook_syncs_blocked_total") == server_metric(
+            server, "vllm:sequence_hook_blocked_time_seconds_count")
 
 
 @pytest.mark.parametrize(("special_kwargs", "message"), [

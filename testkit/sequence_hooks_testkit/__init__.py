@@ -6,7 +6,10 @@ Modules: `tiny_model` (a tiny Llama and word-level tokenizer with the hook
 tokens, `HookIds`), `scripted_hooks` (programs forced per request),
 `programs` (the named programs), `oracle` (the hook-free reference),
 `engines` (test engines and checks), `harness` (the model-free engine
-loop), `schedule_recorder` (what each step scheduled), `server` (`vllm
-serve` on loopback), `bench` (what the benchmarks share) and `expand_task`
-(the task of the embedded model).
+loop), `schedule_recorder` (what each step scheduled), `timeline` (the
+demo's picture), `server` (`vllm serve` on loopback), `served` (a hooked
+and a stock server for the fault tests), `bench` (what the benchmarks
+share), `expand_task` and `expand_eval` (the embedded model's task and its
+measurement); for the V1 flavour only: `v1_engines`, `v1_scripted_logits`
+and `v1_oracle`.
 """
