@@ -12,7 +12,9 @@ style trainer needs. Works with any model that speaks promise/sync with
 Usage:
     .venv/bin/python examples/rl_rollouts.py \\
         --model "$(.venv/bin/python tools/prepare_base_model.py | tail -1)" \\
-        --chat "Give the capital of each of these countries: Peru, Chile." \\
+        --system "You are a helpful assistant. Answer each item in its own \\
+parallel branch." \\
+        --chat "What is the capital of each of these countries: Peru, Chile?" \\
         --n 4 --out rollouts.jsonl
     .venv/bin/python examples/rl_rollouts.py --model models/expand \\
         --prompt "cat dog sun red big then old new fish tree moon"
@@ -35,6 +37,7 @@ def main() -> None:
                         action="append",
                         default=[],
                         help="a user message, chat-templated (repeatable)")
+    parser.add_argument("--system", help="system message of the chat prompts")
     parser.add_argument("--n", type=int, default=4, help="samples a prompt")
     parser.add_argument("--temperature", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
@@ -58,9 +61,14 @@ def main() -> None:
     prompts = [{
         "prompt_token_ids":
         tokenizer.encode(p, add_special_tokens=False)
-    } for p in args.prompt] + [{
+    } for p in args.prompt]
+    system = [{
+        "role": "system",
+        "content": args.system
+    }] if args.system else []
+    prompts += [{
         "prompt_token_ids":
-        tokenizer.apply_chat_template([{
+        tokenizer.apply_chat_template(system + [{
             "role": "user",
             "content": message
         }],

@@ -413,6 +413,18 @@ CASES = {
     Case({"vllm_xargs": {
         "any": 1
     }}),
+    "return_promise_tree":
+    Case({
+        "return_promise_tree": True,
+        "logprobs": 1
+    }),
+    "return_promise_tree-streamed":
+    Case({
+        "return_promise_tree": True,
+        "stream": True
+    }),
+    "return_promise_tree-chat":
+    Case({"return_promise_tree": True}, chat=True),
     "prompt-ids":
     Case({"prompt": [13, 14, 15]}),
     "prompt-batch":
