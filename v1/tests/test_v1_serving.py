@@ -15,12 +15,12 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
 
 from sequence_hooks_testkit.programs import programs
+from sequence_hooks_testkit.server import wait_healthy
 from sequence_hooks_testkit.v1_oracle import MASKED_IDS
 from sequence_hooks_testkit.v1_scripted_logits import SCRIPT_KEY, make_script
 
@@ -82,16 +82,7 @@ def server(tiny_model_path, tmp_path_factory):
             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert process.poll() is None, log_path.read_text()[-3000:]
-            try:
-                if requests.get(f"{url}/health", timeout=2).ok:
-                    break
-            except requests.ConnectionError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(1)
+        wait_healthy(process, url, log_path, START_TIMEOUT_S)
         yield url
     finally:
         process.terminate()
