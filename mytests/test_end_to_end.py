@@ -13,66 +13,30 @@ import dataclasses
 
 import pytest
 
-from sequence_hooks_testkit.engines import (assert_engine_clean,
-                                            assert_tree_matches, run_hooked)
-from sequence_hooks_testkit.oracle import reference, scripted
-from sequence_hooks_testkit.programs import NONE, PROMPTS, programs
+from sequence_hooks_testkit import conformance
+from sequence_hooks_testkit.engines import V0, assert_engine_clean, run_hooked
+from sequence_hooks_testkit.oracle import scripted
+from sequence_hooks_testkit.programs import NONE, programs
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from vllm import SamplingParams
 
 
-@pytest.mark.parametrize("name", [
-    "one promise", "several promises", "nested",
-    "sync before the child finishes", "sync after the child finished",
-    "two rounds", "sync without children"
-])
+@pytest.mark.parametrize("name", conformance.PROGRAM_NAMES)
 def test_program_matches_the_hook_free_reference(hooked_llm, plain_llm,
                                                  hook_ids, name):
-    plans = programs(hook_ids)[name]
-    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
-    expected = reference(plain_llm, hook_ids, plans, output.prompt_token_ids)
-    completion = output.outputs[0]
-    assert list(completion.token_ids) == expected.token_ids
-    assert completion.finish_reason == "stop"
-    if expected.children:
-        assert_tree_matches(output.promise_tree, expected)
-        # The parent's text carries the merged children's texts.
-        for child in output.promise_tree.children:
-            assert child.text.strip()
-            assert child.text.strip() in completion.text
-    else:
-        assert output.promise_tree is None
-    assert_engine_clean(hooked_llm)
+    conformance.check_program(V0, hooked_llm, plain_llm, hook_ids, name)
 
 
 def test_many_requests_at_once(hooked_llm, plain_llm, hook_ids):
-    named = list(programs(hook_ids).values())
-    plan_list = [named[i % len(named)] for i in range(len(PROMPTS))]
-    outputs = run_hooked(hooked_llm, hook_ids, PROMPTS, plan_list)
-    assert [o.prompt for o in outputs] == PROMPTS
-    for output, plans in zip(outputs, plan_list):
-        expected = reference(plain_llm, hook_ids, plans,
-                             output.prompt_token_ids)
-        assert list(output.outputs[0].token_ids) == expected.token_ids
-    assert_engine_clean(hooked_llm)
+    conformance.check_many_requests(V0, hooked_llm, plain_llm, hook_ids)
 
 
 @pytest.mark.parametrize("tokens_after_promise", [0, 1])
 def test_parent_eos_aborts_live_children(hooked_llm, plain_llm, hook_ids,
                                          tokens_after_promise):
-    # With 0 the parent ends in the very step its child's first chunk runs,
-    # which the engine processes first.
-    plans = {
-        (): [NONE, hook_ids.promise] + [NONE] * tokens_after_promise,
-        (0, ): [NONE] * 30
-    }
-    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
-    expected = reference(plain_llm, hook_ids, {(): plans[()]},
-                         output.prompt_token_ids)
-    assert list(output.outputs[0].token_ids) == expected.token_ids
-    [child] = output.promise_tree.children
-    assert child.finish_reason == "abort"
-    assert_engine_clean(hooked_llm)
+    conformance.check_parent_eos_aborts_live_children(V0, hooked_llm,
+                                                      plain_llm, hook_ids,
+                                                      tokens_after_promise)
 
 
 def test_aborting_a_request_aborts_its_tree(hooked_llm, hook_ids):
@@ -286,25 +250,7 @@ def test_parallel_samples_each_run_their_own_tree(hooked_llm, hook_ids):
 
 
 def test_promise_storm_stays_within_the_limits(hooked_llm, hook_ids):
-    # Every sequence promises at every step until its plan ends.
-    storm = [hook_ids.promise] * 24
-    plans = {(): storm + [hook_ids.sync, NONE]}
-    for k in range(16):
-        plans[(k, )] = storm[:4]
-        for j in range(4):
-            plans[(k, j)] = storm[:2]
-    [output] = run_hooked(hooked_llm,
-                          hook_ids, ["the cat sees"], [plans],
-                          max_tokens=200)
-    tree = output.promise_tree
-    # Defaults: 16 children per sequence, 64 per request, depth 2; which
-    # limit bites first depends on how the levels interleave.
-    assert 0 < len(tree.children) <= 16
-    assert sum(1 + len(child.children) for child in tree.children) == 64
-    assert all(not grandchild.children for child in tree.children
-               for grandchild in child.children)
-    assert output.outputs[0].finish_reason == "stop"
-    assert_engine_clean(hooked_llm)
+    conformance.check_promise_storm(V0, hooked_llm, hook_ids)
 
 
 class EosBan:

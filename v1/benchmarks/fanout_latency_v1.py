@@ -47,7 +47,7 @@ def plans_for(ids, k: int, m: int, hooked: bool) -> dict:
 
 def timed(llm, ids, plans) -> tuple:
     """One request over ``plans``: output, seconds, engine steps."""
-    from sequence_hooks_testkit.v1_oracle import scripted_params
+    from sequence_hooks_testkit.v1_engines import scripted_params
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     first_step = scheduler.current_step
     start = time.perf_counter()

@@ -21,7 +21,7 @@ import requests
 
 from sequence_hooks_testkit.programs import programs
 from sequence_hooks_testkit.server import wait_healthy
-from sequence_hooks_testkit.v1_oracle import MASKED_IDS
+from sequence_hooks_testkit.v1_engines import MASKED_IDS
 from sequence_hooks_testkit.v1_scripted_logits import SCRIPT_KEY, make_script
 
 # Server start (engine core in its own process) and shutdown bounds.

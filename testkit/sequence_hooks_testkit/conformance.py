@@ -1,0 +1,201 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The checks both flavours' suites run, V0 (the fork) and V1 (the plugin).
+
+A `Flavour` says how a flavour scripts a request, where it puts the tree
+and what "nothing left behind" means for its engine; each check runs the
+same program and makes the same assertions on either. The suites
+(mytests/ for V0, v1/tests/ for V1) only bind their engines to them.
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+from sequence_hooks_testkit.oracle import ReferenceNode, reference
+from sequence_hooks_testkit.programs import NONE, PROMPTS, programs
+
+# The named programs every flavour is proven on (`programs.programs`).
+PROGRAM_NAMES = [
+    "one promise", "several promises", "nested",
+    "sync before the child finishes", "sync after the child finished",
+    "two rounds", "sync without children"
+]
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """How the checks drive one engine flavour."""
+
+    # (plans, ids, max_tokens=64, role=..., step=...) -> greedy
+    # SamplingParams running the program (see `oracle.scripted_params`).
+    scripted_params: Callable
+    # A finished RequestOutput -> its `PromiseNode` tree, or None.
+    promise_tree: Callable
+    # An LLM -> None; asserts no request, tree or used KV block is left.
+    assert_engine_clean: Callable
+
+
+def run_hooked(flavour: Flavour,
+               llm,
+               ids,
+               prompts,
+               plan_list,
+               max_tokens: int = 64):
+    """Runs one program per prompt on a hooked engine, greedy.
+
+    Returns:
+        The `RequestOutput`s, in prompt order.
+    """
+    return llm.generate(prompts, [
+        flavour.scripted_params(plans, ids, max_tokens) for plans in plan_list
+    ],
+                        use_tqdm=False)
+
+
+def expected_of(flavour: Flavour, plain_llm, ids, plans,
+                prompt_ids) -> ReferenceNode:
+    """The program's hook-free reference on ``plain_llm``."""
+    return reference(plain_llm,
+                     ids,
+                     plans,
+                     prompt_ids,
+                     params_of=flavour.scripted_params)
+
+
+def assert_tree_matches(node, expected: ReferenceNode) -> None:
+    """A promise tree has the reference's children and tokens."""
+    assert len(node.children) == len(expected.children)
+    for child, expected_child in zip(node.children, expected.children):
+        assert list(child.token_ids) == expected_child.token_ids
+        assert child.finish_reason == "stop"
+        assert child.parent is node
+        assert_tree_matches(child, expected_child)
+
+
+def check_program(flavour: Flavour, hooked_llm, plain_llm, ids,
+                  name: str) -> None:
+    """A named program's tokens, tree and text equal the reference's."""
+    plans = programs(ids)[name]
+    [output] = run_hooked(flavour, hooked_llm, ids, ["the cat sees"], [plans])
+    expected = expected_of(flavour, plain_llm, ids, plans,
+                           output.prompt_token_ids)
+    completion = output.outputs[0]
+    assert list(completion.token_ids) == expected.token_ids
+    assert completion.finish_reason == "stop"
+    tree = flavour.promise_tree(output)
+    if expected.children:
+        assert list(tree.token_ids) == expected.token_ids
+        assert_tree_matches(tree, expected)
+        # The parent's text carries the merged children's texts.
+        for child in tree.children:
+            assert child.text.strip()
+            assert child.text.strip() in completion.text
+    else:
+        assert tree is None
+    flavour.assert_engine_clean(hooked_llm)
+
+
+def check_many_requests(flavour: Flavour, hooked_llm, plain_llm, ids) -> None:
+    """All named programs at once, one per prompt, each as the reference."""
+    named = list(programs(ids).values())
+    plan_list = [named[i % len(named)] for i in range(len(PROMPTS))]
+    outputs = run_hooked(flavour, hooked_llm, ids, PROMPTS, plan_list)
+    assert [o.prompt for o in outputs] == PROMPTS
+    for output, plans in zip(outputs, plan_list):
+        expected = expected_of(flavour, plain_llm, ids, plans,
+                               output.prompt_token_ids)
+        assert list(output.outputs[0].token_ids) == expected.token_ids
+    flavour.assert_engine_clean(hooked_llm)
+
+
+def check_parent_eos_aborts_live_children(flavour: Flavour, hooked_llm,
+                                          plain_llm, ids,
+                                          tokens_after_promise: int) -> None:
+    """A parent that ends with a live child aborts it, its own tokens
+    unchanged. With 0 tokens after the promise the parent ends in the very
+    step its child's first chunk runs."""
+    plans = {
+        (): [NONE, ids.promise] + [NONE] * tokens_after_promise,
+        (0, ): [NONE] * 30
+    }
+    [output] = run_hooked(flavour, hooked_llm, ids, ["the cat sees"], [plans])
+    expected = expected_of(flavour, plain_llm, ids, {(): plans[()]},
+                           output.prompt_token_ids)
+    assert list(output.outputs[0].token_ids) == expected.token_ids
+    [child] = flavour.promise_tree(output).children
+    assert child.finish_reason == "abort"
+    flavour.assert_engine_clean(hooked_llm)
+
+
+def check_promise_storm(flavour: Flavour, hooked_llm, ids) -> None:
+    """Every sequence promises at every step: the default limits (16
+    children per sequence, 64 per request, depth 2) hold; which one bites
+    first depends on how the levels interleave."""
+    storm = [ids.promise] * 24
+    plans = {(): storm + [ids.sync, NONE]}
+    for k in range(16):
+        plans[(k, )] = storm[:4]
+        for j in range(4):
+            plans[(k, j)] = storm[:2]
+    [output] = run_hooked(flavour,
+                          hooked_llm,
+                          ids, ["the cat sees"], [plans],
+                          max_tokens=200)
+    tree = flavour.promise_tree(output)
+    assert 0 < len(tree.children) <= 16
+    assert sum(1 + len(child.children) for child in tree.children) == 64
+    assert all(not grandchild.children for child in tree.children
+               for grandchild in child.children)
+    assert output.outputs[0].finish_reason == "stop"
+    flavour.assert_engine_clean(hooked_llm)
+
+
+def fuzz_cases(**extra):
+    """Hypothesis cases of the random-tree fuzz: a seed, requests, budget,
+    hook limits, per-step hook odds and an abort rate, plus ``extra``."""
+    # Here, not at the top: V1's logits processors, which servers load,
+    # import this module too.
+    from hypothesis import strategies as st
+    return st.fixed_dictionaries(
+        dict(seed=st.integers(0, 2**32 - 1),
+             requests=st.integers(1, 6),
+             max_tokens=st.integers(4, 40),
+             max_children_per_sequence=st.integers(1, 4),
+             max_children_per_request=st.integers(1, 8),
+             max_depth=st.integers(1, 3),
+             promise_p=st.floats(0.0, 0.4),
+             sync_p=st.floats(0.0, 0.4),
+             eos_p=st.floats(0.0, 0.2),
+             abort_p=st.floats(0.0, 0.05),
+             **extra))
+
+
+def hook_odds(case: dict, ids) -> list[tuple[int, float]]:
+    """(token id, probability) of each hook token at a step of ``case``."""
+    return [(ids.promise, case["promise_p"]), (ids.sync, case["sync_p"]),
+            (ids.eos, case["eos_p"])]
+
+
+def pick_token(draw: float, odds: list[tuple[int, float]],
+               choose_word: Callable[[], int]) -> int:
+    """The hook token a uniform ``draw`` in [0, 1) falls on, else a word.
+
+    Args:
+        draw: A uniform draw.
+        odds: (token id, probability) of each hook token.
+        choose_word: Picks a word; called only when no hook is drawn.
+    """
+    for token_id, p in odds:
+        if draw < p:
+            return token_id
+        draw -= p
+    return choose_word()
+
+
+def assert_fuzz_outcome(roots: list[str], aborted: set[str],
+                        finished: list[str], output_ids: set[str]) -> None:
+    """Only roots produced outputs, each at most one final output, and
+    every root not aborted exactly one."""
+    assert output_ids <= set(roots)
+    assert len(finished) == len(set(finished))
+    assert set(roots) - aborted <= set(finished)
