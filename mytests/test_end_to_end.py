@@ -180,38 +180,13 @@ def test_outputs_carry_snapshots_that_never_change(hooked_llm, hook_ids):
     assert_engine_clean(hooked_llm)
 
 
-def hook_metric(llm, name: str) -> float:
-    import prometheus_client
-    model_name = llm.llm_engine.model_config.served_model_name
-    value = prometheus_client.REGISTRY.get_sample_value(
-        f"vllm:sequence_hook_{name}", {"model_name": model_name})
-    return value or 0.0
-
-
 def test_metrics_count_what_the_hooks_did(hooked_llm, hook_ids):
-    names = [
-        "promises_spawned_total", "syncs_blocked_total", "merged_tokens_total",
-        "blocked_time_seconds_count", "children_running"
-    ]
-    before = {name: hook_metric(hooked_llm, name) for name in names}
-    plans = programs(hook_ids)["several promises"]
-    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
-    grown = {
-        name: hook_metric(hooked_llm, name) - before[name]
-        for name in names
-    }
-    assert grown == {
-        "promises_spawned_total": 3,
-        "syncs_blocked_total": 1,
-        "merged_tokens_total": output.promise_tree.num_merged_tokens,
-        "blocked_time_seconds_count": 1,
-        "children_running": 0,
-    }
+    conformance.check_metrics(V0, hooked_llm, hook_ids)
 
 
 def test_engine_abort_leaves_no_child_counted(hooked_llm, hook_ids):
     engine = hooked_llm.llm_engine
-    running_before = hook_metric(hooked_llm, "children_running")
+    running_before = conformance.hook_metric(hooked_llm, "children_running")
     plans = {
         (): [hook_ids.promise, hook_ids.promise, NONE, NONE],
         (0, ): [NONE] * 40,
@@ -224,10 +199,12 @@ def test_engine_abort_leaves_no_child_counted(hooked_llm, hook_ids):
                        logits_processors=[scripted(plans, hook_ids)]))
     for _ in range(4):
         engine.step()
-    assert hook_metric(hooked_llm, "children_running") == running_before + 2
+    assert conformance.hook_metric(hooked_llm,
+                                   "children_running") == running_before + 2
     engine.abort_request("abort-counted")
     engine.step()
-    assert hook_metric(hooked_llm, "children_running") == running_before
+    assert conformance.hook_metric(hooked_llm,
+                                   "children_running") == running_before
     assert_engine_clean(hooked_llm)
 
 

@@ -150,6 +150,39 @@ def check_promise_storm(flavour: Flavour, hooked_llm, ids) -> None:
     flavour.assert_engine_clean(hooked_llm)
 
 
+def hook_metric(llm, name: str) -> float:
+    """The value of `vllm:sequence_hook_<name>` for ``llm``'s model, as the
+    hooks' process exports it (0 if never set)."""
+    import prometheus_client
+    model_name = llm.llm_engine.model_config.served_model_name
+    value = prometheus_client.REGISTRY.get_sample_value(
+        f"vllm:sequence_hook_{name}", {"model_name": model_name})
+    return value or 0.0
+
+
+def check_metrics(flavour: Flavour, hooked_llm, ids) -> None:
+    """The hook metrics count what a program did."""
+    names = [
+        "promises_spawned_total", "syncs_blocked_total", "merged_tokens_total",
+        "blocked_time_seconds_count", "children_running"
+    ]
+    before = {name: hook_metric(hooked_llm, name) for name in names}
+    plans = programs(ids)["several promises"]
+    [output] = run_hooked(flavour, hooked_llm, ids, ["the cat sees"], [plans])
+    grown = {
+        name: hook_metric(hooked_llm, name) - before[name]
+        for name in names
+    }
+    assert grown == {
+        "promises_spawned_total": 3,
+        "syncs_blocked_total": 1,
+        "merged_tokens_total": flavour.promise_tree(output).num_merged_tokens,
+        "blocked_time_seconds_count": 1,
+        "children_running": 0,
+    }
+    flavour.assert_engine_clean(hooked_llm)
+
+
 def fuzz_cases(**extra):
     """Hypothesis cases of the random-tree fuzz: a seed, requests, budget,
     hook limits, per-step hook odds and an abort rate, plus ``extra``."""

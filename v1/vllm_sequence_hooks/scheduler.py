@@ -16,6 +16,7 @@ from typing import Any, Optional
 import numpy as np
 
 from sequence_hooks import SpecialKwargs
+from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.tree import (PromiseTreeState, TokenLogprobs, TreeNode,
                                  derive_seed, merged_text, without_hook_tokens)
 from vllm.config import VllmConfig
@@ -54,24 +55,6 @@ class Member:
     # A child's sampled tokens' logprobs so far (None where merged); None
     # unless the request asked for logprobs (the root's are its output's).
     logprobs: Optional[list[Optional[TokenLogprobs]]] = None
-
-
-@dataclass
-class HookCounters:
-    """What the hooks did since the engine started (V0's metrics)."""
-
-    # Children spawned by `<promise>`.
-    promises_spawned: int = 0
-    # Promises that spawned nothing because a limit was reached.
-    promises_refused: int = 0
-    # `<sync>`s that parked their sequence (children still unmerged).
-    syncs_blocked: int = 0
-    # Tokens appended to parents by merges.
-    merged_tokens: int = 0
-    # Parked parents that resumed or were aborted.
-    blocked_seconds_count: int = 0
-    # Seconds they were parked, in all.
-    blocked_seconds_sum: float = 0.0
 
 
 def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
@@ -141,7 +124,10 @@ class SequenceHookScheduler(Scheduler):
         # Children not yet admitted, with the parent tokens computed at the
         # fork: their prefix hit is the parent's blocks.
         self.pending_forks: dict[str, int] = {}
-        self.counters = HookCounters()
+        # V0's `vllm:sequence_hook_*` metrics (docs/v1.md: how they reach
+        # `/metrics` from the engine core's process).
+        self.metrics = SequenceHookMetrics(
+            vllm_config.model_config.served_model_name)
         # Tokens each tree member computed in each step, for the tests and
         # benchmarks: (step, request id, tokens).
         self.computed_log: Optional[list[tuple[int, str, int]]] = None
@@ -162,6 +148,7 @@ class SequenceHookScheduler(Scheduler):
             output = super().schedule(*args, **kwargs)
         finally:
             self.num_waiting_for_streaming_input += parked
+        self.metrics.kv_cache_usage.set(self.kv_cache_manager.usage)
         if self.computed_log is not None:
             self.computed_log += [
                 (self.current_step, request_id, n)
@@ -293,7 +280,7 @@ class SequenceHookScheduler(Scheduler):
         tree = self._tree_of(parent)
         node = tree.nodes[parent.request_id]
         if not tree.may_spawn(node, self.special_kwargs):
-            self.counters.promises_refused += 1
+            self.metrics.promises_refused.inc()
             return
         limits = self.special_kwargs
         marker = ([] if limits.child_role_token_id is None else
@@ -335,7 +322,8 @@ class SequenceHookScheduler(Scheduler):
             logprobs=None if params.logprobs is None else [])
         self.pending_forks[child_id] = parent.num_computed_tokens
         self.requests[child_id] = child
-        self.counters.promises_spawned += 1
+        self.metrics.promises_spawned.inc()
+        self.metrics.children_running.inc()
         # Ahead of new requests: it continues work already admitted.
         self.waiting.prepend_request(child)
 
@@ -352,16 +340,17 @@ class SequenceHookScheduler(Scheduler):
         self.num_waiting_for_streaming_input += 1
         self._enqueue_waiting_request(request)
         node.blocked_since = time.monotonic()
-        self.counters.syncs_blocked += 1
+        self.metrics.syncs_blocked.inc()
+        self.metrics.parents_parked.inc()
         if all(child.is_finished for child in pending):
             self._merge(request, tree, node, by_id, extra)
 
     def _unpark(self, node: TreeNode) -> None:
-        """Counts how long ``node`` was parked; it is parked no more."""
+        """Observes how long ``node`` was parked; it is parked no more."""
         if node.blocked_since is not None:
-            self.counters.blocked_seconds_count += 1
-            self.counters.blocked_seconds_sum += (time.monotonic() -
-                                                  node.blocked_since)
+            self.metrics.blocked_time.observe(time.monotonic() -
+                                              node.blocked_since)
+            self.metrics.parents_parked.dec()
             node.blocked_since = None
 
     def _finish(self, request: Request, tree: PromiseTreeState, node: TreeNode,
@@ -386,6 +375,7 @@ class SequenceHookScheduler(Scheduler):
             self._report_tree(tree, by_id.get(request.request_id))
             return
         self.members.pop(node.request_id)
+        self.metrics.children_running.dec()
         parent_node = node.parent
         parent = self.requests.get(parent_node.request_id)
         if (parent is not None and parent_node.blocked_since is not None
@@ -414,7 +404,7 @@ class SequenceHookScheduler(Scheduler):
         token_ids = token_ids[:max(room, 0)]
         tree.record_merged_tokens(node, request.num_tokens - member.start,
                                   len(token_ids))
-        self.counters.merged_tokens += len(token_ids)
+        self.metrics.merged_tokens.inc(len(token_ids))
         if member.logprobs is not None:
             member.logprobs += [None] * len(token_ids)
         sync_token = request.all_token_ids[request.num_computed_tokens:]
@@ -491,6 +481,8 @@ class SequenceHookScheduler(Scheduler):
         for node in live:
             tree.record_abort(node)
             self._unpark(node)
+            if node.parent is not None:
+                self.metrics.children_running.dec()
             self.pending_forks.pop(node.request_id, None)
         if live:
             super().finish_requests([node.request_id for node in live],
@@ -503,17 +495,14 @@ class SequenceHookScheduler(Scheduler):
             request_ids = (request_ids, )
         if request_ids is not None:
             request_ids = list(request_ids)
-            for request_id in request_ids:
-                tree = self.trees.get(request_id)
-                if tree is not None and tree.root.request_id == request_id:
-                    self._abort(tree, tree.root.live_descendants())
-                    tree.record_abort(tree.root)
-                    self._unpark(tree.root)
-                    self._forget(tree)
-        else:
-            self.trees.clear()
-            self.members.clear()
-            self.pending_forks.clear()
+        for request_id in list(self.requests if request_ids is
+                               None else request_ids):
+            tree = self.trees.get(request_id)
+            if tree is not None and tree.root.request_id == request_id:
+                self._abort(tree, tree.root.live_descendants())
+                tree.record_abort(tree.root)
+                self._unpark(tree.root)
+                self._forget(tree)
         return super().finish_requests(request_ids, finished_status)
 
     def get_tree_snapshot(self, request_id: str) -> Optional[dict[str, Any]]:
