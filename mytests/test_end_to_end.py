@@ -21,22 +21,9 @@ from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from vllm import SamplingParams
 
 
-@pytest.mark.parametrize("name", conformance.PROGRAM_NAMES)
-def test_program_matches_the_hook_free_reference(hooked_llm, plain_llm,
-                                                 hook_ids, name):
-    conformance.check_program(V0, hooked_llm, plain_llm, hook_ids, name)
-
-
-def test_many_requests_at_once(hooked_llm, plain_llm, hook_ids):
-    conformance.check_many_requests(V0, hooked_llm, plain_llm, hook_ids)
-
-
-@pytest.mark.parametrize("tokens_after_promise", [0, 1])
-def test_parent_eos_aborts_live_children(hooked_llm, plain_llm, hook_ids,
-                                         tokens_after_promise):
-    conformance.check_parent_eos_aborts_live_children(V0, hooked_llm,
-                                                      plain_llm, hook_ids,
-                                                      tokens_after_promise)
+class TestConformance(conformance.FlavourConformance):
+    """The checks every flavour passes, on V0."""
+    flavour = V0
 
 
 def test_aborting_a_request_aborts_its_tree(hooked_llm, hook_ids):
@@ -98,63 +85,6 @@ def test_prompt_logprobs_cover_the_prompt_only(hooked_llm, plain_llm,
     assert_engine_clean(hooked_llm)
 
 
-def test_seeded_sampling_gives_each_child_its_own_stream(hooked_llm, hook_ids):
-    plans = {
-        (): [NONE, hook_ids.promise, hook_ids.promise, hook_ids.sync, NONE],
-        (0, ): [NONE] * 8,
-        (1, ): [NONE] * 8,
-    }
-
-    def run():
-        params = SamplingParams(temperature=1.0,
-                                seed=1234,
-                                max_tokens=40,
-                                logits_processors=[scripted(plans, hook_ids)])
-        [output] = hooked_llm.generate(["the cat sees"],
-                                       params,
-                                       use_tqdm=False)
-        return output
-
-    first, again = run(), run()
-    assert first.outputs[0].token_ids == again.outputs[0].token_ids
-    texts = [child.text for child in first.promise_tree.children]
-    assert texts == [child.text for child in again.promise_tree.children]
-    # Same context, same plan, different seeds: different samples.
-    assert texts[0] != texts[1]
-    assert_engine_clean(hooked_llm)
-
-
-def test_a_child_does_not_replay_its_parents_seed(hooked_llm, hook_ids):
-    # A child's generator starts at its first step (a prefill). Seeded with
-    # the parent's seed, it would sample exactly what a fresh request with
-    # that seed samples over the same context.
-    plans = {(): [NONE, hook_ids.promise, hook_ids.sync], (0, ): [NONE] * 12}
-    [output] = hooked_llm.generate(
-        ["the cat sees"],
-        SamplingParams(temperature=1.0,
-                       seed=1234,
-                       max_tokens=40,
-                       logits_processors=[scripted(plans, hook_ids)]),
-        use_tqdm=False)
-    [child] = output.promise_tree.children
-    context = (output.prompt_token_ids +
-               list(output.outputs[0].token_ids[:2]) + [hook_ids.child])
-    [fresh
-     ] = hooked_llm.generate({"prompt_token_ids": context},
-                             SamplingParams(temperature=1.0,
-                                            seed=1234,
-                                            max_tokens=len(child.token_ids),
-                                            logits_processors=[
-                                                scripted(plans,
-                                                         hook_ids,
-                                                         role=(0, ))
-                                            ]),
-                             use_tqdm=False)
-    assert len(fresh.outputs[0].token_ids) == len(child.token_ids)
-    assert list(fresh.outputs[0].token_ids) != list(child.token_ids)
-    assert_engine_clean(hooked_llm)
-
-
 def test_outputs_carry_snapshots_that_never_change(hooked_llm, hook_ids):
     engine = hooked_llm.llm_engine
     plans = programs(hook_ids)["sync before the child finishes"]
@@ -180,10 +110,6 @@ def test_outputs_carry_snapshots_that_never_change(hooked_llm, hook_ids):
     assert_engine_clean(hooked_llm)
 
 
-def test_metrics_count_what_the_hooks_did(hooked_llm, hook_ids):
-    conformance.check_metrics(V0, hooked_llm, hook_ids)
-
-
 def test_engine_abort_leaves_no_child_counted(hooked_llm, hook_ids):
     engine = hooked_llm.llm_engine
     running_before = conformance.hook_metric(hooked_llm, "children_running")
@@ -206,28 +132,6 @@ def test_engine_abort_leaves_no_child_counted(hooked_llm, hook_ids):
     assert conformance.hook_metric(hooked_llm,
                                    "children_running") == running_before
     assert_engine_clean(hooked_llm)
-
-
-def test_parallel_samples_each_run_their_own_tree(hooked_llm, hook_ids):
-    plans = programs(hook_ids)["several promises"]
-    params = SamplingParams(n=2,
-                            temperature=1.0,
-                            seed=3,
-                            max_tokens=64,
-                            logits_processors=[scripted(plans, hook_ids)])
-    [output] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
-    assert len(output.outputs) == 2
-    for completion in output.outputs:
-        assert completion.finish_reason == "stop"
-        # The parent sampled its plan and EOS; the rest was merged.
-        assert len(completion.token_ids) > len(plans[()]) + 1
-    # Per-sample trees are not reported for n > 1 (docs/sequence-hooks.md).
-    assert output.promise_tree is None
-    assert_engine_clean(hooked_llm)
-
-
-def test_promise_storm_stays_within_the_limits(hooked_llm, hook_ids):
-    conformance.check_promise_storm(V0, hooked_llm, hook_ids)
 
 
 class EosBan:

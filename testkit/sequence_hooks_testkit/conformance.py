@@ -4,12 +4,16 @@
 
 A `Flavour` says how a flavour scripts a request, where it puts the tree
 and what "nothing left behind" means for its engine; each check runs the
-same program and makes the same assertions on either. The suites
-(mytests/ for V0, v1/tests/ for V1) only bind their engines to them.
+same program and makes the same assertions on either. `FlavourConformance`
+holds them as tests: each suite (mytests/ for V0, v1/tests/ for V1)
+subclasses it with its flavour, over its session's `hooked_llm`,
+`plain_llm` and `hook_ids` fixtures.
 """
 
 from dataclasses import dataclass
 from typing import Callable
+
+import pytest
 
 from sequence_hooks_testkit.oracle import ReferenceNode, reference
 from sequence_hooks_testkit.programs import NONE, PROMPTS, programs
@@ -150,6 +154,138 @@ def check_promise_storm(flavour: Flavour, hooked_llm, ids) -> None:
     flavour.assert_engine_clean(hooked_llm)
 
 
+def sampled_logprobs(token_ids, logprobs) -> list:
+    """Per token, the sampled token's logprob (None where no entry)."""
+    return [
+        None if entry is None else entry[token].logprob
+        for token, entry in zip(token_ids, logprobs)
+    ]
+
+
+def check_tree_logprobs(flavour: Flavour, hooked_llm, plain_llm, ids) -> None:
+    """With `logprobs`, the tree says which tokens were merged (no entry)
+    and gives each child the logprobs a hook-free request over its context
+    reports; the request's own logprobs give merged tokens 0.0."""
+    plans = programs(ids)["one promise"]
+    params = flavour.scripted_params(plans, ids, 48)
+    params.logprobs = 2
+    [output] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
+    root = flavour.promise_tree(output)
+    [child] = root.children
+    completion = output.outputs[0]
+    # The root is the request's own sequence: its tokens are the output's.
+    assert root.token_ids == tuple(completion.token_ids)
+    assert root.text == completion.text
+    # One merge, right after <sync>: given tokens, no logprob.
+    [(start, count)] = root.merged_spans
+    assert root.token_ids[start - 1] == ids.sync
+    assert count == root.num_merged_tokens > 0
+    assert root.sampled_mask == tuple(not start <= i < start + count
+                                      for i in range(len(root.token_ids)))
+    assert [lp is None for lp in root.logprobs
+            ] == [not sampled for sampled in root.sampled_mask]
+    assert sampled_logprobs(completion.token_ids,
+                            completion.logprobs)[start:start +
+                                                 count] == [0.0] * count
+    # The child was generated from the prompt, the root's tokens up to its
+    # <promise>, and the role marker: a plain request over that context
+    # samples the same tokens with the same logprobs.
+    assert root.token_ids[child.fork_position - 1] == ids.promise
+    context = (output.prompt_token_ids +
+               list(root.token_ids[:child.fork_position]) + [ids.child])
+    params = flavour.scripted_params(plans,
+                                     ids,
+                                     len(child.token_ids),
+                                     role=(0, ))
+    params.logprobs = 2
+    [plain] = plain_llm.generate({"prompt_token_ids": context},
+                                 params,
+                                 use_tqdm=False)
+    plain = plain.outputs[0]
+    assert child.token_ids == tuple(plain.token_ids)
+    assert [sorted(entry) for entry in child.logprobs
+            ] == [sorted(entry) for entry in plain.logprobs]
+    assert sampled_logprobs(child.token_ids,
+                            child.logprobs) == pytest.approx(sampled_logprobs(
+                                plain.token_ids, plain.logprobs),
+                                                             abs=1e-4)
+    assert child.cumulative_logprob == pytest.approx(plain.cumulative_logprob,
+                                                     abs=1e-3)
+    flavour.assert_engine_clean(hooked_llm)
+
+
+def seeded_params(flavour: Flavour, plans, ids, **fixed):
+    """The flavour's scripted params, sampled at temperature 1 with a
+    seed."""
+    params = flavour.scripted_params(plans, ids, 40, **fixed)
+    params.temperature, params.seed = 1.0, 1234
+    return params
+
+
+def check_seeded_children_have_their_own_streams(flavour: Flavour, hooked_llm,
+                                                 ids) -> None:
+    """A seeded request is reproducible, and its children, same context
+    and plan, sample differently (each has its own derived seed)."""
+    plans = {
+        (): [NONE, ids.promise, ids.promise, ids.sync, NONE],
+        (0, ): [NONE] * 8,
+        (1, ): [NONE] * 8,
+    }
+
+    def run():
+        [output] = hooked_llm.generate(["the cat sees"],
+                                       seeded_params(flavour, plans, ids),
+                                       use_tqdm=False)
+        return output
+
+    first, again = run(), run()
+    assert first.outputs[0].token_ids == again.outputs[0].token_ids
+    texts = [child.text for child in flavour.promise_tree(first).children]
+    assert texts == [
+        child.text for child in flavour.promise_tree(again).children
+    ]
+    assert texts[0] != texts[1]
+    flavour.assert_engine_clean(hooked_llm)
+
+
+def check_child_does_not_replay_its_parents_seed(flavour: Flavour, hooked_llm,
+                                                 ids) -> None:
+    """A child's generator starts at its first step. Seeded with the
+    parent's seed, it would sample exactly what a fresh request with that
+    seed samples over the same context."""
+    plans = {(): [NONE, ids.promise, ids.sync], (0, ): [NONE] * 12}
+    [output] = hooked_llm.generate(["the cat sees"],
+                                   seeded_params(flavour, plans, ids),
+                                   use_tqdm=False)
+    [child] = flavour.promise_tree(output).children
+    context = (output.prompt_token_ids +
+               list(output.outputs[0].token_ids[:2]) + [ids.child])
+    params = seeded_params(flavour, plans, ids, role=(0, ))
+    params.max_tokens = len(child.token_ids)
+    [fresh] = hooked_llm.generate({"prompt_token_ids": context},
+                                  params,
+                                  use_tqdm=False)
+    assert len(fresh.outputs[0].token_ids) == len(child.token_ids)
+    assert list(fresh.outputs[0].token_ids) != list(child.token_ids)
+    flavour.assert_engine_clean(hooked_llm)
+
+
+def check_parallel_samples(flavour: Flavour, hooked_llm, ids) -> None:
+    """With `n > 1` each sample runs its own tree (merges included); the
+    request reports no tree of its own."""
+    plans = programs(ids)["several promises"]
+    params = flavour.scripted_params(plans, ids)
+    params.n, params.temperature, params.seed = 2, 1.0, 3
+    [output] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
+    assert len(output.outputs) == 2
+    for completion in output.outputs:
+        assert completion.finish_reason == "stop"
+        # The parent sampled its plan and EOS; the rest was merged.
+        assert len(completion.token_ids) > len(plans[()]) + 1
+    assert flavour.promise_tree(output) is None
+    flavour.assert_engine_clean(hooked_llm)
+
+
 def hook_metric(llm, name: str) -> float:
     """The value of `vllm:sequence_hook_<name>` for ``llm``'s model, as the
     hooks' process exports it (0 if never set)."""
@@ -232,3 +368,53 @@ def assert_fuzz_outcome(roots: list[str], aborted: set[str],
     assert output_ids <= set(roots)
     assert len(finished) == len(set(finished))
     assert set(roots) - aborted <= set(finished)
+
+
+class FlavourConformance:
+    """The shared checks as pytest tests; a suite subclasses it as
+    `TestConformance` and sets `flavour`."""
+
+    # The flavour the subclass runs the checks on.
+    flavour: Flavour
+
+    @pytest.mark.parametrize("name", PROGRAM_NAMES)
+    def test_program_matches_the_hook_free_reference(self, hooked_llm,
+                                                     plain_llm, hook_ids,
+                                                     name):
+        check_program(self.flavour, hooked_llm, plain_llm, hook_ids, name)
+
+    def test_many_requests_at_once(self, hooked_llm, plain_llm, hook_ids):
+        check_many_requests(self.flavour, hooked_llm, plain_llm, hook_ids)
+
+    @pytest.mark.parametrize("tokens_after_promise", [0, 1])
+    def test_parent_eos_aborts_live_children(self, hooked_llm, plain_llm,
+                                             hook_ids, tokens_after_promise):
+        check_parent_eos_aborts_live_children(self.flavour, hooked_llm,
+                                              plain_llm, hook_ids,
+                                              tokens_after_promise)
+
+    def test_promise_storm_stays_within_the_limits(self, hooked_llm, hook_ids):
+        refused = hook_metric(hooked_llm, "promises_refused_total")
+        check_promise_storm(self.flavour, hooked_llm, hook_ids)
+        assert hook_metric(hooked_llm, "promises_refused_total") > refused
+
+    def test_metrics_count_what_the_hooks_did(self, hooked_llm, hook_ids):
+        check_metrics(self.flavour, hooked_llm, hook_ids)
+
+    def test_nodes_carry_logprobs_a_hook_free_request_reports(
+            self, hooked_llm, plain_llm, hook_ids):
+        check_tree_logprobs(self.flavour, hooked_llm, plain_llm, hook_ids)
+
+    def test_seeded_sampling_gives_each_child_its_own_stream(
+            self, hooked_llm, hook_ids):
+        check_seeded_children_have_their_own_streams(self.flavour, hooked_llm,
+                                                     hook_ids)
+
+    def test_a_child_does_not_replay_its_parents_seed(self, hooked_llm,
+                                                      hook_ids):
+        check_child_does_not_replay_its_parents_seed(self.flavour, hooked_llm,
+                                                     hook_ids)
+
+    def test_parallel_samples_each_run_their_own_tree(self, hooked_llm,
+                                                      hook_ids):
+        check_parallel_samples(self.flavour, hooked_llm, hook_ids)

@@ -5,8 +5,9 @@
 The engine core sends a finished root's tree to the frontend as plain data
 (`PromiseNode.to_dict()` in `kv_transfer_params`, the one free-form field
 V1 carries per request); this rebuilds the `PromiseNode` snapshot. The
-root's logprobs are its request's own (`CompletionOutput.logprobs`), so
-they are taken from there rather than sent twice.
+root's text and logprobs are its request's own output's, which the
+frontend makes (it detokenizes with the prompt as context; the engine core
+does not), so they are taken from there rather than sent twice.
 """
 
 from typing import Optional
@@ -35,13 +36,14 @@ def promise_tree(output: RequestOutput) -> Optional[PromiseNode]:
         return None
     root = PromiseNode.from_dict(data, Logprob)
     completion = output.outputs[0]
+    # Built here, frozen to users afterwards (as `TreeNode.snapshot`).
+    object.__setattr__(root, "text", completion.text)
     if completion.logprobs is not None:
         merged = {
             i
             for start, count in root.merged_spans
             for i in range(start, start + count)
         }
-        # Built here, frozen to users afterwards (as `TreeNode.snapshot`).
         object.__setattr__(
             root, "logprobs",
             tuple(None if i in merged else entry
