@@ -20,7 +20,6 @@ from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.tree import (PromiseTreeState, TokenLogprobs, TreeNode,
                                  derive_seed, merged_text, without_hook_tokens)
 from vllm.config import VllmConfig
-from vllm.logger import init_logger
 from vllm.logprobs import append_logprobs_for_next_position
 from vllm.tokenizers import cached_tokenizer_from_config
 from vllm.utils.math_utils import cdiv
@@ -30,13 +29,11 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
-logger = init_logger(__name__)
-
 # Key of `additional_config` that holds the SpecialKwargs (dict or JSON).
 CONFIG_KEY = "special_kwargs"
 # Key of the root's `RequestOutput.kv_transfer_params` that carries the
-# tree's snapshot (`PromiseNode.to_dict()`): the one per-request dict V1
-# passes from the engine core to the frontend's outputs.
+# tree's snapshot (`PromiseNode.to_dict(top_logprobs=True)`): the one
+# per-request dict V1 passes from the engine core to the frontend's outputs.
 TREE_KEY = "promise_tree"
 # Logprob given to a merged token in the request's logprobs (as on V0).
 MERGED_TOKEN_LOGPROB = 0.0
