@@ -4,11 +4,15 @@
 text, logprobs and merged spans, one tree per sample with n > 1, and the
 training records built from it."""
 
-from sequence_hooks import training_records
+import pytest
+
+from sequence_hooks import PromiseNode, training_records
+from sequence_hooks_testkit import conformance
 from sequence_hooks_testkit.engines import assert_engine_clean
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.programs import NONE, programs
 from vllm import SamplingParams
+from vllm.sequence import Logprob
 
 PROMPT = "the cat sees"
 
@@ -34,6 +38,34 @@ def test_nodes_carry_no_logprobs_unless_asked(hooked_llm, hook_ids):
         assert node.logprobs is None and node.cumulative_logprob is None
         assert node.finish_reason == "stop" and node.token_ids
         nodes.extend(node.children)
+
+
+@pytest.mark.parametrize("top_logprobs", [False, True])
+def test_a_tree_is_rebuilt_from_its_dict(hooked_llm, hook_ids, top_logprobs):
+    # How the V1 plugin's tree crosses its engine-core process boundary.
+    output = run(hooked_llm,
+                 programs(hook_ids)["nested"],
+                 hook_ids,
+                 logprobs=2)
+    data = output.promise_tree.to_dict(top_logprobs)
+    tree = PromiseNode.from_dict(data, Logprob)
+    assert tree.to_dict(top_logprobs) == data
+    [child] = tree.children
+    assert child.parent is tree and child.children[0].parent is child
+    original = output.promise_tree.children[0]
+    assert child.sampled_mask == original.sampled_mask
+    assert conformance.sampled_logprobs(
+        child.token_ids, child.logprobs) == conformance.sampled_logprobs(
+            original.token_ids, original.logprobs)
+    if top_logprobs:
+        assert [
+            None if entry is None else sorted(entry)
+            for entry in child.logprobs
+        ] == [
+            None if entry is None else sorted(entry)
+            for entry in original.logprobs
+        ]
+    assert_engine_clean(hooked_llm)
 
 
 def tokens_of(node) -> list:
