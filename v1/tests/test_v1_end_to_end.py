@@ -151,3 +151,24 @@ def test_training_records_of_a_tree_from_the_engine_core(hooked_llm, hook_ids):
     assert [lp is None for lp in root.logprobs
             ] == [not sampled for sampled in root.sampled_mask]
     assert_engine_clean(hooked_llm)
+
+
+def test_a_streamed_requests_tree_comes_with_its_last_delta(
+        hooked_llm, hook_ids):
+    from vllm.sampling_params import RequestOutputKind
+    engine = hooked_llm.llm_engine
+    params = scripted_params(programs(hook_ids)["one promise"], hook_ids)
+    params.output_kind = RequestOutputKind.DELTA
+    engine.add_request("deltas", {"prompt_token_ids": [7, 8, 9]}, params)
+    deltas = []
+    while engine.has_unfinished_requests():
+        deltas += engine.step()
+    *earlier, last = deltas
+    assert last.finished and all(V1.promise_tree(o) is None for o in earlier)
+    tree = V1.promise_tree(last)
+    assert list(tree.token_ids) == [
+        token for o in deltas for token in o.outputs[0].token_ids
+    ]
+    [child] = tree.children
+    assert child.text.strip() in "".join(o.outputs[0].text for o in deltas)
+    assert_engine_clean(hooked_llm)

@@ -23,7 +23,8 @@ def promise_tree(output: RequestOutput) -> Optional[PromiseNode]:
     """The request's promise tree (V0's `RequestOutput.promise_tree`).
 
     Args:
-        output: A finished request's output.
+        output: A finished request's output; a cumulative one (as
+            `LLM.generate` gives) for the root's text and logprobs.
 
     Returns:
         The tree's root; None if the request never promised, is not
@@ -36,6 +37,10 @@ def promise_tree(output: RequestOutput) -> Optional[PromiseNode]:
         return None
     root = PromiseNode.from_dict(data, Logprob)
     completion = output.outputs[0]
+    if len(completion.token_ids) != len(root.token_ids):
+        # A delta (streamed) output: the engine core's text and no root
+        # logprobs.
+        return root
     # Built here, frozen to users afterwards (as `TreeNode.snapshot`).
     object.__setattr__(root, "text", completion.text)
     if completion.logprobs is not None:
