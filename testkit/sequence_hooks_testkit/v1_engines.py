@@ -7,6 +7,7 @@ Import only in the V1 environment (`.venv-v1`).
 """
 
 from pathlib import Path
+from typing import Callable
 
 from sequence_hooks_testkit.conformance import Flavour
 from sequence_hooks_testkit.tiny_model import SPECIAL_TOKENS
@@ -68,6 +69,32 @@ def scripted_params(plans, ids, max_tokens: int = 64, **fixed):
 def scheduler_of(llm):
     """The engine core's scheduler (in-process engine core)."""
     return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def run_to_the_end(engine,
+                   max_steps: int,
+                   before_step: Callable[[], None] = lambda: None):
+    """Steps ``engine`` until it has no unfinished request.
+
+    Args:
+        engine: An `LLMEngine` with requests added.
+        max_steps: Steps after which it fails: nothing may run forever.
+        before_step: Called before each step (e.g. to abort requests).
+
+    Returns:
+        The ids of the finished outputs, in order, and the ids of every
+        output.
+    """
+    finished, output_ids = [], set()
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            return finished, output_ids
+        before_step()
+        for output in engine.step():
+            output_ids.add(output.request_id)
+            if output.finished:
+                finished.append(output.request_id)
+    raise AssertionError(f"not done after {max_steps} steps")
 
 
 def assert_engine_clean(llm):

@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 
 from sequence_hooks_testkit.conformance import (assert_fuzz_outcome,
                                                 fuzz_cases, hook_odds)
-from sequence_hooks_testkit.v1_engines import assert_engine_clean, scheduler_of
+from sequence_hooks_testkit.v1_engines import (assert_engine_clean,
+                                               run_to_the_end, scheduler_of)
 from sequence_hooks_testkit.v1_scripted_logits import POLICY_KEY
 from vllm import SamplingParams
 
@@ -56,21 +57,16 @@ def test_random_trees_with_aborts_leave_nothing_behind(hooked_llm, hook_ids,
             SamplingParams(temperature=0.0,
                            max_tokens=case["max_tokens"],
                            extra_args={POLICY_KEY: policy}))
-    aborted, finished, output_ids = set(), [], set()
+    aborted = set()
+
+    def maybe_abort():
+        if rng.random() < case["abort_p"]:
+            victim = rng.choice(roots)
+            aborted.add(victim)
+            engine.abort_request([victim])
+
     try:
-        for _ in range(MAX_STEPS):
-            if not engine.has_unfinished_requests():
-                break
-            if rng.random() < case["abort_p"]:
-                victim = rng.choice(roots)
-                aborted.add(victim)
-                engine.abort_request([victim])
-            for output in engine.step():
-                output_ids.add(output.request_id)
-                if output.finished:
-                    finished.append(output.request_id)
-        else:
-            raise AssertionError(f"not done after {MAX_STEPS} steps: {case}")
+        finished, output_ids = run_to_the_end(engine, MAX_STEPS, maybe_abort)
     finally:
         scheduler.special_kwargs = limits
     engine.step()  # nothing left: must not raise

@@ -15,7 +15,8 @@ import pytest
 
 from sequence_hooks_testkit.conformance import assert_fuzz_outcome, hook_odds
 from sequence_hooks_testkit.v1_engines import (assert_engine_clean,
-                                               scheduler_of, v1_llm)
+                                               run_to_the_end, scheduler_of,
+                                               v1_llm)
 from sequence_hooks_testkit.v1_scripted_logits import POLICY_KEY
 from vllm import SamplingParams
 
@@ -58,16 +59,7 @@ def test_trees_finish_under_preemption_and_free_every_block(
             SamplingParams(temperature=0.0,
                            max_tokens=60,
                            extra_args={POLICY_KEY: policy}))
-    finished, output_ids = [], set()
-    for _ in range(MAX_STEPS):
-        if not engine.has_unfinished_requests():
-            break
-        for output in engine.step():
-            output_ids.add(output.request_id)
-            if output.finished:
-                finished.append(output.request_id)
-    else:
-        raise AssertionError(f"not done after {MAX_STEPS} steps")
+    finished, output_ids = run_to_the_end(engine, MAX_STEPS)
     assert preempted, "the pool was not tight: nothing was preempted"
     assert_fuzz_outcome(roots, set(), finished, output_ids)
     assert_engine_clean(tight_llm)
