@@ -13,66 +13,17 @@ import dataclasses
 
 import pytest
 
-from sequence_hooks_testkit.engines import (assert_engine_clean,
-                                            assert_tree_matches, run_hooked)
-from sequence_hooks_testkit.oracle import reference, scripted
-from sequence_hooks_testkit.programs import NONE, PROMPTS, programs
+from sequence_hooks_testkit import conformance
+from sequence_hooks_testkit.engines import V0, assert_engine_clean, run_hooked
+from sequence_hooks_testkit.oracle import scripted
+from sequence_hooks_testkit.programs import NONE, programs
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from vllm import SamplingParams
 
 
-@pytest.mark.parametrize("name", [
-    "one promise", "several promises", "nested",
-    "sync before the child finishes", "sync after the child finished",
-    "two rounds", "sync without children"
-])
-def test_program_matches_the_hook_free_reference(hooked_llm, plain_llm,
-                                                 hook_ids, name):
-    plans = programs(hook_ids)[name]
-    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
-    expected = reference(plain_llm, hook_ids, plans, output.prompt_token_ids)
-    completion = output.outputs[0]
-    assert list(completion.token_ids) == expected.token_ids
-    assert completion.finish_reason == "stop"
-    if expected.children:
-        assert_tree_matches(output.promise_tree, expected)
-        # The parent's text carries the merged children's texts.
-        for child in output.promise_tree.children:
-            assert child.text.strip()
-            assert child.text.strip() in completion.text
-    else:
-        assert output.promise_tree is None
-    assert_engine_clean(hooked_llm)
-
-
-def test_many_requests_at_once(hooked_llm, plain_llm, hook_ids):
-    named = list(programs(hook_ids).values())
-    plan_list = [named[i % len(named)] for i in range(len(PROMPTS))]
-    outputs = run_hooked(hooked_llm, hook_ids, PROMPTS, plan_list)
-    assert [o.prompt for o in outputs] == PROMPTS
-    for output, plans in zip(outputs, plan_list):
-        expected = reference(plain_llm, hook_ids, plans,
-                             output.prompt_token_ids)
-        assert list(output.outputs[0].token_ids) == expected.token_ids
-    assert_engine_clean(hooked_llm)
-
-
-@pytest.mark.parametrize("tokens_after_promise", [0, 1])
-def test_parent_eos_aborts_live_children(hooked_llm, plain_llm, hook_ids,
-                                         tokens_after_promise):
-    # With 0 the parent ends in the very step its child's first chunk runs,
-    # which the engine processes first.
-    plans = {
-        (): [NONE, hook_ids.promise] + [NONE] * tokens_after_promise,
-        (0, ): [NONE] * 30
-    }
-    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
-    expected = reference(plain_llm, hook_ids, {(): plans[()]},
-                         output.prompt_token_ids)
-    assert list(output.outputs[0].token_ids) == expected.token_ids
-    [child] = output.promise_tree.children
-    assert child.finish_reason == "abort"
-    assert_engine_clean(hooked_llm)
+class TestConformance(conformance.FlavourConformance):
+    """The checks every flavour passes, on V0."""
+    flavour = V0
 
 
 def test_aborting_a_request_aborts_its_tree(hooked_llm, hook_ids):
@@ -134,63 +85,6 @@ def test_prompt_logprobs_cover_the_prompt_only(hooked_llm, plain_llm,
     assert_engine_clean(hooked_llm)
 
 
-def test_seeded_sampling_gives_each_child_its_own_stream(hooked_llm, hook_ids):
-    plans = {
-        (): [NONE, hook_ids.promise, hook_ids.promise, hook_ids.sync, NONE],
-        (0, ): [NONE] * 8,
-        (1, ): [NONE] * 8,
-    }
-
-    def run():
-        params = SamplingParams(temperature=1.0,
-                                seed=1234,
-                                max_tokens=40,
-                                logits_processors=[scripted(plans, hook_ids)])
-        [output] = hooked_llm.generate(["the cat sees"],
-                                       params,
-                                       use_tqdm=False)
-        return output
-
-    first, again = run(), run()
-    assert first.outputs[0].token_ids == again.outputs[0].token_ids
-    texts = [child.text for child in first.promise_tree.children]
-    assert texts == [child.text for child in again.promise_tree.children]
-    # Same context, same plan, different seeds: different samples.
-    assert texts[0] != texts[1]
-    assert_engine_clean(hooked_llm)
-
-
-def test_a_child_does_not_replay_its_parents_seed(hooked_llm, hook_ids):
-    # A child's generator starts at its first step (a prefill). Seeded with
-    # the parent's seed, it would sample exactly what a fresh request with
-    # that seed samples over the same context.
-    plans = {(): [NONE, hook_ids.promise, hook_ids.sync], (0, ): [NONE] * 12}
-    [output] = hooked_llm.generate(
-        ["the cat sees"],
-        SamplingParams(temperature=1.0,
-                       seed=1234,
-                       max_tokens=40,
-                       logits_processors=[scripted(plans, hook_ids)]),
-        use_tqdm=False)
-    [child] = output.promise_tree.children
-    context = (output.prompt_token_ids +
-               list(output.outputs[0].token_ids[:2]) + [hook_ids.child])
-    [fresh
-     ] = hooked_llm.generate({"prompt_token_ids": context},
-                             SamplingParams(temperature=1.0,
-                                            seed=1234,
-                                            max_tokens=len(child.token_ids),
-                                            logits_processors=[
-                                                scripted(plans,
-                                                         hook_ids,
-                                                         role=(0, ))
-                                            ]),
-                             use_tqdm=False)
-    assert len(fresh.outputs[0].token_ids) == len(child.token_ids)
-    assert list(fresh.outputs[0].token_ids) != list(child.token_ids)
-    assert_engine_clean(hooked_llm)
-
-
 def test_outputs_carry_snapshots_that_never_change(hooked_llm, hook_ids):
     engine = hooked_llm.llm_engine
     plans = programs(hook_ids)["sync before the child finishes"]
@@ -216,38 +110,9 @@ def test_outputs_carry_snapshots_that_never_change(hooked_llm, hook_ids):
     assert_engine_clean(hooked_llm)
 
 
-def hook_metric(llm, name: str) -> float:
-    import prometheus_client
-    model_name = llm.llm_engine.model_config.served_model_name
-    value = prometheus_client.REGISTRY.get_sample_value(
-        f"vllm:sequence_hook_{name}", {"model_name": model_name})
-    return value or 0.0
-
-
-def test_metrics_count_what_the_hooks_did(hooked_llm, hook_ids):
-    names = [
-        "promises_spawned_total", "syncs_blocked_total", "merged_tokens_total",
-        "blocked_time_seconds_count", "children_running"
-    ]
-    before = {name: hook_metric(hooked_llm, name) for name in names}
-    plans = programs(hook_ids)["several promises"]
-    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
-    grown = {
-        name: hook_metric(hooked_llm, name) - before[name]
-        for name in names
-    }
-    assert grown == {
-        "promises_spawned_total": 3,
-        "syncs_blocked_total": 1,
-        "merged_tokens_total": output.promise_tree.num_merged_tokens,
-        "blocked_time_seconds_count": 1,
-        "children_running": 0,
-    }
-
-
 def test_engine_abort_leaves_no_child_counted(hooked_llm, hook_ids):
     engine = hooked_llm.llm_engine
-    running_before = hook_metric(hooked_llm, "children_running")
+    running_before = conformance.hook_metric(hooked_llm, "children_running")
     plans = {
         (): [hook_ids.promise, hook_ids.promise, NONE, NONE],
         (0, ): [NONE] * 40,
@@ -260,50 +125,12 @@ def test_engine_abort_leaves_no_child_counted(hooked_llm, hook_ids):
                        logits_processors=[scripted(plans, hook_ids)]))
     for _ in range(4):
         engine.step()
-    assert hook_metric(hooked_llm, "children_running") == running_before + 2
+    assert conformance.hook_metric(hooked_llm,
+                                   "children_running") == running_before + 2
     engine.abort_request("abort-counted")
     engine.step()
-    assert hook_metric(hooked_llm, "children_running") == running_before
-    assert_engine_clean(hooked_llm)
-
-
-def test_parallel_samples_each_run_their_own_tree(hooked_llm, hook_ids):
-    plans = programs(hook_ids)["several promises"]
-    params = SamplingParams(n=2,
-                            temperature=1.0,
-                            seed=3,
-                            max_tokens=64,
-                            logits_processors=[scripted(plans, hook_ids)])
-    [output] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
-    assert len(output.outputs) == 2
-    for completion in output.outputs:
-        assert completion.finish_reason == "stop"
-        # The parent sampled its plan and EOS; the rest was merged.
-        assert len(completion.token_ids) > len(plans[()]) + 1
-    # Per-sample trees are not reported for n > 1 (docs/sequence-hooks.md).
-    assert output.promise_tree is None
-    assert_engine_clean(hooked_llm)
-
-
-def test_promise_storm_stays_within_the_limits(hooked_llm, hook_ids):
-    # Every sequence promises at every step until its plan ends.
-    storm = [hook_ids.promise] * 24
-    plans = {(): storm + [hook_ids.sync, NONE]}
-    for k in range(16):
-        plans[(k, )] = storm[:4]
-        for j in range(4):
-            plans[(k, j)] = storm[:2]
-    [output] = run_hooked(hooked_llm,
-                          hook_ids, ["the cat sees"], [plans],
-                          max_tokens=200)
-    tree = output.promise_tree
-    # Defaults: 16 children per sequence, 64 per request, depth 2; which
-    # limit bites first depends on how the levels interleave.
-    assert 0 < len(tree.children) <= 16
-    assert sum(1 + len(child.children) for child in tree.children) == 64
-    assert all(not grandchild.children for child in tree.children
-               for grandchild in child.children)
-    assert output.outputs[0].finish_reason == "stop"
+    assert conformance.hook_metric(hooked_llm,
+                                   "children_running") == running_before
     assert_engine_clean(hooked_llm)
 
 

@@ -18,6 +18,9 @@ import random
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from sequence_hooks_testkit.conformance import (assert_fuzz_outcome,
+                                                fuzz_cases, hook_odds,
+                                                pick_token)
 from sequence_hooks_testkit.harness import HookHarness
 from vllm.config import SpecialKwargs
 from vllm.sampling_params import SamplingParams
@@ -27,18 +30,7 @@ EXAMPLES = int(os.environ.get("HOOK_FUZZ_EXAMPLES", "40"))
 MAX_STEPS = 3000
 WORDS = ["the", "cat", "sees", "dog", "big", "red", "one", "two"]
 
-cases = st.fixed_dictionaries(
-    dict(seed=st.integers(0, 2**32 - 1),
-         num_gpu_blocks=st.sampled_from([6, 10, 16, 64]),
-         requests=st.integers(1, 6),
-         max_tokens=st.integers(4, 40),
-         max_children_per_sequence=st.integers(1, 4),
-         max_children_per_request=st.integers(1, 8),
-         max_depth=st.integers(1, 3),
-         promise_p=st.floats(0.0, 0.4),
-         sync_p=st.floats(0.0, 0.4),
-         eos_p=st.floats(0.0, 0.2),
-         abort_p=st.floats(0.0, 0.05)))
+cases = fuzz_cases(num_gpu_blocks=st.sampled_from([6, 10, 16, 64]))
 
 
 @settings(max_examples=EXAMPLES,
@@ -82,14 +74,8 @@ def test_random_trees_leave_nothing_behind(tiny_tokenizer_path, hook_ids,
             SamplingParams(temperature=0.0, max_tokens=case["max_tokens"]))
 
     def choose(group) -> int:
-        draw = rng.random()
-        for token, p in ((hook_ids.promise, case["promise_p"]),
-                         (hook_ids.sync, case["sync_p"]), (hook_ids.eos,
-                                                           case["eos_p"])):
-            if draw < p:
-                return token
-            draw -= p
-        return rng.choice(words)
+        return pick_token(rng.random(), hook_odds(case, hook_ids),
+                          lambda: rng.choice(words))
 
     aborted = set()
     free_blocks = harness.free_blocks()
@@ -113,7 +99,5 @@ def test_random_trees_leave_nothing_behind(tiny_tokenizer_path, hook_ids,
     assert not (scheduler.running or scheduler.waiting or scheduler.swapped
                 or scheduler.blocked)
     assert harness.seq_id_to_seq_group == {}
-    assert harness.output_request_ids <= set(roots)
     finished = [output.request_id for output in harness.finished_outputs]
-    assert len(finished) == len(set(finished))
-    assert set(roots) - aborted <= set(finished)
+    assert_fuzz_outcome(roots, aborted, finished, harness.output_request_ids)

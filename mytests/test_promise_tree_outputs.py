@@ -6,11 +6,13 @@ training records built from it."""
 
 import pytest
 
-from sequence_hooks import training_records
+from sequence_hooks import PromiseNode, training_records
+from sequence_hooks_testkit import conformance
 from sequence_hooks_testkit.engines import assert_engine_clean
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.programs import NONE, programs
 from vllm import SamplingParams
+from vllm.sequence import Logprob
 
 PROMPT = "the cat sees"
 
@@ -28,65 +30,6 @@ def run(llm, plans, ids, **params):
     return output
 
 
-def sampled_logprobs(node):
-    return [
-        None if entry is None else entry[token].logprob
-        for token, entry in zip(node.token_ids, node.logprobs)
-    ]
-
-
-def test_nodes_carry_logprobs_a_hook_free_request_reports(
-        hooked_llm, plain_llm, hook_ids):
-    plans = programs(hook_ids)["one promise"]
-    output = run(hooked_llm, plans, hook_ids, logprobs=2)
-    root = output.promise_tree
-    [child] = root.children
-    completion = output.outputs[0]
-    # The root is the request's own sequence: its tokens are the output's.
-    assert root.token_ids == tuple(completion.token_ids)
-    assert root.text == completion.text
-    # One merge, right after <sync>: given tokens, no logprob.
-    [(start, count)] = root.merged_spans
-    assert root.token_ids[start - 1] == hook_ids.sync
-    assert count == root.num_merged_tokens > 0
-    assert root.sampled_mask == tuple(not start <= i < start + count
-                                      for i in range(len(root.token_ids)))
-    assert [lp is None for lp in root.logprobs
-            ] == [not sampled for sampled in root.sampled_mask]
-    # The child was generated from the prompt, the root's tokens up to its
-    # <promise>, and the role marker: a plain request over that context
-    # samples the same tokens with the same logprobs.
-    assert root.token_ids[child.fork_position - 1] == hook_ids.promise
-    context = (output.prompt_token_ids +
-               list(root.token_ids[:child.fork_position]) + [hook_ids.child])
-    [plain
-     ] = plain_llm.generate({"prompt_token_ids": context},
-                            SamplingParams(temperature=0.0,
-                                           max_tokens=len(child.token_ids),
-                                           logprobs=2,
-                                           logits_processors=[
-                                               scripted(plans,
-                                                        hook_ids,
-                                                        role=(0, ))
-                                           ]),
-                            use_tqdm=False)
-    assert child.token_ids == tuple(plain.outputs[0].token_ids)
-    assert sampled_logprobs(child) == pytest.approx(sampled_logprobs_of(
-        plain.outputs[0]),
-                                                    abs=1e-4)
-    assert child.cumulative_logprob == pytest.approx(sum(
-        sampled_logprobs(child)),
-                                                     abs=1e-4)
-    assert_engine_clean(hooked_llm)
-
-
-def sampled_logprobs_of(completion):
-    return [
-        entry[token].logprob
-        for token, entry in zip(completion.token_ids, completion.logprobs)
-    ]
-
-
 def test_nodes_carry_no_logprobs_unless_asked(hooked_llm, hook_ids):
     output = run(hooked_llm, programs(hook_ids)["nested"], hook_ids)
     nodes = [output.promise_tree]
@@ -95,6 +38,34 @@ def test_nodes_carry_no_logprobs_unless_asked(hooked_llm, hook_ids):
         assert node.logprobs is None and node.cumulative_logprob is None
         assert node.finish_reason == "stop" and node.token_ids
         nodes.extend(node.children)
+
+
+@pytest.mark.parametrize("top_logprobs", [False, True])
+def test_a_tree_is_rebuilt_from_its_dict(hooked_llm, hook_ids, top_logprobs):
+    # How the V1 plugin's tree crosses its engine-core process boundary.
+    output = run(hooked_llm,
+                 programs(hook_ids)["nested"],
+                 hook_ids,
+                 logprobs=2)
+    data = output.promise_tree.to_dict(top_logprobs)
+    tree = PromiseNode.from_dict(data, Logprob)
+    assert tree.to_dict(top_logprobs) == data
+    [child] = tree.children
+    assert child.parent is tree and child.children[0].parent is child
+    original = output.promise_tree.children[0]
+    assert child.sampled_mask == original.sampled_mask
+    assert conformance.sampled_logprobs(
+        child.token_ids, child.logprobs) == conformance.sampled_logprobs(
+            original.token_ids, original.logprobs)
+    if top_logprobs:
+        assert [
+            None if entry is None else sorted(entry)
+            for entry in child.logprobs
+        ] == [
+            None if entry is None else sorted(entry)
+            for entry in original.logprobs
+        ]
+    assert_engine_clean(hooked_llm)
 
 
 def tokens_of(node) -> list:

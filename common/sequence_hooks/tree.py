@@ -9,7 +9,7 @@ which never change once made.
 """
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -79,13 +79,25 @@ class PromiseNode:
             mask[start:start + count] = [False] * count
         return tuple(mask)
 
-    def to_dict(self) -> dict:
-        """The subtree as JSON-ready data; a logprob is the sampled
-        token's (null for merged tokens)."""
+    def to_dict(self, top_logprobs: bool = False) -> dict:
+        """The subtree as JSON-ready data.
+
+        Args:
+            top_logprobs: Whether a token's logprobs are all its entries,
+                as `[token id, logprob, rank]` lists (the sampled token's
+                first), rather than the sampled token's logprob alone.
+                Either is null for a merged token.
+
+        Returns:
+            The node's fields and, under "children", its children's.
+        """
         logprobs = None
         if self.logprobs is not None:
             logprobs = [
-                None if entry is None else entry[token].logprob
+                None if entry is None else
+                [[token_id, logprob.logprob, logprob.rank]
+                 for token_id, logprob in entry.items()]
+                if top_logprobs else entry[token].logprob
                 for token, entry in zip(self.token_ids, self.logprobs)
             ]
         return {
@@ -99,8 +111,59 @@ class PromiseNode:
             "merged_spans": [list(span) for span in self.merged_spans],
             "logprobs": logprobs,
             "cumulative_logprob": self.cumulative_logprob,
-            "children": [child.to_dict() for child in self.children],
+            "children":
+            [child.to_dict(top_logprobs) for child in self.children],
         }
+
+    @classmethod
+    def from_dict(cls,
+                  data: Mapping[str, Any],
+                  make_logprob: Callable[[float, Optional[int]], Any],
+                  parent: Optional["PromiseNode"] = None) -> "PromiseNode":
+        """The snapshot `to_dict` gave, rebuilt (e.g. in another process).
+
+        Args:
+            data: What `to_dict` returned, in either logprobs form.
+            make_logprob: Makes a logprob entry (vLLM's `Logprob`) from a
+                logprob and its rank (None if not sent).
+            parent: The rebuilt parent node; None for the root.
+
+        Returns:
+            The node and its subtree.
+        """
+        logprobs = data["logprobs"]
+        if logprobs is not None:
+            logprobs = tuple(
+                _logprob_entry(token, entry, make_logprob)
+                for token, entry in zip(data["token_ids"], logprobs))
+        node = cls(data["request_id"], data["depth"], (), data["text"],
+                   tuple(data["token_ids"]), data["finish_reason"],
+                   data["num_merged_tokens"],
+                   tuple(tuple(span) for span in data["merged_spans"]),
+                   data["fork_position"], logprobs, data["cumulative_logprob"],
+                   parent)
+        # As in `TreeNode.snapshot`: children point back at the node.
+        object.__setattr__(
+            node, "children",
+            tuple(
+                cls.from_dict(child, make_logprob, node)
+                for child in data["children"]))
+        return node
+
+
+def _logprob_entry(token: int, entry: Any,
+                   make_logprob: Callable) -> Optional[TokenLogprobs]:
+    """One token's logprobs from either form `PromiseNode.to_dict` gives:
+    null (merged), `[[id, logprob, rank], ...]` or the sampled token's
+    logprob."""
+    if entry is None:
+        return None
+    if isinstance(entry, list):
+        return {
+            token_id: make_logprob(logprob, rank)
+            for token_id, logprob, rank in entry
+        }
+    return {token: make_logprob(entry, None)}
 
 
 @dataclass(eq=False)
@@ -151,6 +214,22 @@ class TreeNode:
     def unmerged_children(self) -> list["TreeNode"]:
         """Children promised since the last merge, in promise order."""
         return self.children[self.num_merged:]
+
+    def live_descendants(self) -> list["TreeNode"]:
+        """Unfinished nodes below this one, deepest first."""
+        found: list[TreeNode] = []
+        for child in self.children:
+            found += child.live_descendants()
+            if not child.is_finished:
+                found.append(child)
+        return found
+
+    def subtree(self) -> list["TreeNode"]:
+        """This node and every node below it, parents first."""
+        nodes = [self]
+        for child in self.children:
+            nodes += child.subtree()
+        return nodes
 
     def snapshot(self, parent: Optional[PromiseNode] = None) -> PromiseNode:
         """An immutable copy of this node and its subtree."""

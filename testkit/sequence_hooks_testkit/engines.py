@@ -5,7 +5,9 @@ programs run on them, and the checks every run ends with."""
 
 from pathlib import Path
 
-from sequence_hooks_testkit.oracle import ReferenceNode, scripted
+from sequence_hooks_testkit import conformance
+from sequence_hooks_testkit.conformance import Flavour
+from sequence_hooks_testkit.oracle import scripted_params
 from sequence_hooks_testkit.programs import Program
 from sequence_hooks_testkit.tiny_model import HookIds
 
@@ -76,14 +78,8 @@ def run_hooked(llm,
     Returns:
         The `RequestOutput`s, in prompt order.
     """
-    from vllm import SamplingParams
-    params = [
-        SamplingParams(temperature=0.0,
-                       max_tokens=max_tokens,
-                       logits_processors=[scripted(program, ids)])
-        for program in program_list
-    ]
-    return llm.generate(prompts, params, use_tqdm=False)
+    return conformance.run_hooked(V0, llm, ids, prompts, program_list,
+                                  max_tokens)
 
 
 def assert_engine_clean(llm) -> None:
@@ -99,10 +95,7 @@ def assert_engine_clean(llm) -> None:
             block_manager.num_total_gpu_blocks)
 
 
-def assert_tree_matches(node, expected: ReferenceNode) -> None:
-    """A user's promise tree has the reference's children and tokens."""
-    assert len(node.children) == len(expected.children)
-    for child, expected_child in zip(node.children, expected.children):
-        assert list(child.token_ids) == expected_child.token_ids
-        assert child.finish_reason == "stop"
-        assert_tree_matches(child, expected_child)
+# The checks of `conformance` on the V0 engine.
+V0 = Flavour(scripted_params=scripted_params,
+             promise_tree=lambda output: output.promise_tree,
+             assert_engine_clean=assert_engine_clean)

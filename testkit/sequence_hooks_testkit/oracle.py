@@ -8,10 +8,13 @@ each `<promise>` in that segment starts a child over the context up to and
 including it (plus the role marker), run the same way; at a `<sync>` with
 unmerged children, their texts are joined, tokenized and appended, and the
 sequence goes on from the merged context. Greedy decoding makes the hooked
-engine's tokens comparable one for one.
+engine's tokens comparable one for one. Engine-neutral: how a segment is
+scripted is the flavour's `scripted_params` (V0's is here; V1's is in
+`v1_engines`).
 """
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from sequence_hooks_testkit.scripted_hooks import RolePath, ScriptedHooks
 from sequence_hooks_testkit.tiny_model import SPECIAL_TOKENS
@@ -36,26 +39,43 @@ def scripted(plans, ids, **fixed) -> ScriptedHooks:
                          **fixed)
 
 
+def scripted_params(plans, ids, max_tokens: int = 64, **fixed):
+    """Greedy SamplingParams that run ``plans`` on a V0 engine.
+
+    Args:
+        plans: Tokens per role path (see `ScriptedHooks`).
+        ids: The tiny tokenizer's hook token ids.
+        max_tokens: The request's budget.
+        fixed: `role` and `step` of a fixed-role script (the reference).
+    """
+    from vllm import SamplingParams
+    return SamplingParams(temperature=0.0,
+                          max_tokens=max_tokens,
+                          logits_processors=[scripted(plans, ids, **fixed)])
+
+
 def reference(plain_llm,
               ids,
               plans,
               prompt_ids: list[int],
               separator: str = "\n",
-              role: RolePath = ()) -> ReferenceNode:
+              role: RolePath = (),
+              params_of: Callable = scripted_params) -> ReferenceNode:
     """Runs the program's sequence ``role`` over ``prompt_ids`` hook-free.
 
     Args:
-        plain_llm: An engine without sequence hooks.
+        plain_llm: An engine without sequence hooks (or one on which each
+            segment ends at its `<sync>` as the request's last token).
         ids: The tiny tokenizer's hook token ids.
         plans: The program: tokens per role path (see `ScriptedHooks`).
         prompt_ids: The sequence's whole context when it starts.
         separator: The merge separator the hooked engine uses.
         role: Which sequence of the program to run.
+        params_of: The flavour's `scripted_params`.
 
     Returns:
         The sequence's tokens and, recursively, its children's.
     """
-    from vllm import SamplingParams
     tokenizer = plain_llm.get_tokenizer()
     plan = plans.get(role, [])
     node = ReferenceNode()
@@ -64,10 +84,7 @@ def reference(plain_llm,
         syncs = [i for i in range(step, len(plan)) if plan[i] == ids.sync]
         # Up to the next <sync>, or to the EOS forced after the plan.
         max_tokens = (syncs[0] if syncs else len(plan)) - step + 1
-        params = SamplingParams(
-            temperature=0.0,
-            max_tokens=max_tokens,
-            logits_processors=[scripted(plans, ids, role=role, step=step)])
+        params = params_of(plans, ids, max_tokens, role=role, step=step)
         context = prompt_ids + node.token_ids
         [output] = plain_llm.generate({"prompt_token_ids": context},
                                       params,
@@ -78,7 +95,7 @@ def reference(plain_llm,
                 child_context = context + segment[:i + 1] + [ids.child]
                 node.children.append(
                     reference(plain_llm, ids, plans, child_context, separator,
-                              role + (len(node.children), )))
+                              role + (len(node.children), ), params_of))
         node.token_ids += segment
         step += len(segment)
         if segment[-1] != ids.sync:

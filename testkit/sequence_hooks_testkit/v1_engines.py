@@ -1,11 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The V1 test engines (stock vLLM 0.32 with the plugin) and their checks.
+"""The V1 test engines (stock vLLM 0.32 with the plugin) and their checks:
+the V1 `Flavour` of `conformance`.
 
 Import only in the V1 environment (`.venv-v1`).
 """
 
 from pathlib import Path
+from typing import Callable
+
+from sequence_hooks_testkit.conformance import Flavour
+from sequence_hooks_testkit.tiny_model import SPECIAL_TOKENS
+from sequence_hooks_testkit.v1_scripted_logits import SCRIPT_KEY, make_script
+
+# Never chosen on a free step: the hook tokens, EOS and the other specials.
+MASKED_IDS = range(len(SPECIAL_TOKENS))
 
 
 def v1_llm(model_path: Path, hook_ids=None, **engine_kwargs):
@@ -39,18 +48,75 @@ def v1_llm(model_path: Path, hook_ids=None, **engine_kwargs):
                })
 
 
+def scripted_params(plans, ids, max_tokens: int = 64, **fixed):
+    """Greedy SamplingParams that run ``plans`` on a hooked V1 engine: V1
+    takes no per-request callables, so the script rides in `extra_args`
+    for `ScriptedHooksV1`.
+
+    Args:
+        plans: Tokens per role path (see `scripted_hooks.ScriptedHooks`).
+        ids: The tiny tokenizer's hook token ids.
+        max_tokens: The request's budget.
+        fixed: `role` and `step` of a fixed-role script (the reference).
+    """
+    from vllm import SamplingParams
+    return SamplingParams(
+        temperature=0.0,
+        max_tokens=max_tokens,
+        extra_args={SCRIPT_KEY: make_script(plans, ids, MASKED_IDS, **fixed)})
+
+
 def scheduler_of(llm):
     """The engine core's scheduler (in-process engine core)."""
     return llm.llm_engine.engine_core.engine_core.scheduler
 
 
+def run_to_the_end(engine,
+                   max_steps: int,
+                   before_step: Callable[[], None] = lambda: None):
+    """Steps ``engine`` until it has no unfinished request.
+
+    Args:
+        engine: An `LLMEngine` with requests added.
+        max_steps: Steps after which it fails: nothing may run forever.
+        before_step: Called before each step (e.g. to abort requests).
+
+    Returns:
+        The ids of the finished outputs, in order, and the ids of every
+        output.
+    """
+    finished, output_ids = [], set()
+    for _ in range(max_steps):
+        if not engine.has_unfinished_requests():
+            return finished, output_ids
+        before_step()
+        for output in engine.step():
+            output_ids.add(output.request_id)
+            if output.finished:
+                finished.append(output.request_id)
+    raise AssertionError(f"not done after {max_steps} steps")
+
+
 def assert_engine_clean(llm):
+    """Nothing left behind: no request, tree, parked session, pending fork
+    or used KV block."""
     scheduler = scheduler_of(llm)
     pool = scheduler.kv_cache_manager.block_pool
     assert not llm.llm_engine.has_unfinished_requests()
     assert scheduler.requests == {}
-    assert scheduler.nodes == {} and scheduler.trees == {}
-    assert scheduler.pending_forks == {} and scheduler.budgets == {}
+    assert scheduler.trees == {} and scheduler.members == {}
+    assert scheduler.pending_forks == {}
     assert scheduler.num_waiting_for_streaming_input == 0
     # Every block but the pool's reserved null block is free.
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+
+
+def _promise_tree(output):
+    from vllm_sequence_hooks import promise_tree
+    return promise_tree(output)
+
+
+# The checks of `conformance` on the V1 engine.
+V1 = Flavour(scripted_params=scripted_params,
+             promise_tree=_promise_tree,
+             assert_engine_clean=assert_engine_clean)

@@ -5,13 +5,15 @@
 V1 has no per-request callables: a batch-level processor class is given to
 the engine (`LLM(logits_processors=[ScriptedHooksV1])`) and each request
 carries its script in `SamplingParams.extra_args["scripted_hooks"]`. A
-script holds the plans per role path (as `mytests/scripted_hooks.py`
+script holds the plans per role path (as `scripted_hooks.py`
 defines them) and a nonce naming the request. Progress is kept in the
-processor per (nonce, role path told by the context): a child (a clone of
-its parent's params) has its own role path, and a parked parent's params
-may come back to the model runner as a fresh copy when it resumes.
+processor per (nonce, seed, role path told by the context): a child (a
+clone of its parent's params) has its own role path, the samples of an
+`n > 1` request their own seeds, and a parked parent's params may come
+back to the model runner as a fresh copy when it resumes.
 """
 
+import functools
 import itertools
 import json
 import random
@@ -19,6 +21,7 @@ from typing import Any, Optional
 
 import torch
 
+from sequence_hooks_testkit.conformance import pick_token
 from vllm.v1.sample.logits_processor import (BatchUpdate, LogitsProcessor,
                                              MoveDirectionality)
 
@@ -98,6 +101,9 @@ class RowsByExtraArg(LogitsProcessor):
             if value is None:
                 self.rows.pop(index, None)
             else:
+                # The seed tells apart the samples of an `n > 1` request,
+                # which share their params' extra args.
+                value = dict(value, seed_of_row=params.seed)
                 self.rows[index] = (value, prompt_ids or [], output_ids)
         for first, second, direction in batch_update.moved:
             moving = self.rows.pop(first, None)
@@ -116,8 +122,9 @@ class ScriptedHooksV1(RowsByExtraArg):
     def __init__(self, vllm_config, device: torch.device,
                  is_pin_memory: bool) -> None:
         super().__init__(vllm_config, device, is_pin_memory)
-        # (nonce, role path) -> the next plan step.
-        self.progress: dict[tuple[str, tuple[int, ...]], int] = {}
+        # (nonce, seed, role path) -> the next plan step.
+        self.progress: dict[tuple[str, Optional[int], tuple[int, ...]],
+                            int] = {}
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         for index, (script, prompt_ids, output_ids) in self.rows.items():
@@ -127,7 +134,7 @@ class ScriptedHooksV1(RowsByExtraArg):
             told = role_of(script, prompt_ids + output_ids)
             role = told if script["fixed_role"] is None else script[
                 "fixed_role"]
-            key = (script["nonce"], tuple(told))
+            key = (script["nonce"], script["seed_of_row"], tuple(told))
             step = self.progress.get(key, script["step"])
             self.progress[key] = step + 1
             plan = next((p for path, p in script["plans"] if path == role), [])
@@ -155,12 +162,9 @@ class RandomHooksV1(RowsByExtraArg):
         for index, (policy, prompt_ids, output_ids) in self.rows.items():
             rng = random.Random(
                 hash((policy["seed"], *prompt_ids, *output_ids)))
-            draw, token_id = rng.random(), rng.choice(policy["words"])
-            for hook_id, p in policy["hooks"]:
-                if draw < p:
-                    token_id = hook_id
-                    break
-                draw -= p
+            token_id = pick_token(
+                rng.random(), policy["hooks"],
+                functools.partial(rng.choice, policy["words"]))
             logits[index].fill_(-float("inf"))
             logits[index, token_id] = 0.0
         return logits

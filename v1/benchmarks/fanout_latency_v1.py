@@ -2,10 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Fan-out latency on V1: the hook scheduler vs one sequential sequence.
 
-The V1 twin of `benchmarks/fanout_latency.py` (hooks vs sequential sides):
-a parent writes `a` tokens, promises k children of m tokens each, syncs and
-writes n more (scripted, so k, m and n are exact), on the tiny test model;
-the sequential side is one request generating the same a + k*m + n tokens.
+The V1 twin of `benchmarks/fanout_latency.py` (hooks vs sequential sides),
+same shapes and model: a parent writes `a` tokens, promises k children of
+m words each (and EOS), syncs and writes n more (scripted, so k, m and n
+are exact), on the tiny test model with a rotary table as long as the
+longest run; the sequential side is one request generating the same
+a + k*m + n tokens.
 Both sides run on the same hooked engine (a second V1 engine in one process
 computes wrong logits, see docs/v1.md), alternating side by side in every
 repeat; every run applies the same scripted logits processor. fp32, KV
@@ -28,31 +30,29 @@ from pathlib import Path
 
 PREFIX_TOKENS = 8  # a
 SUFFIX_TOKENS = 8  # n
-# Within the tiny model's 512 positions: a + k*m + n must fit.
-MAX_TOKENS = 480
 
 
 def plans_for(ids, k: int, m: int, hooked: bool) -> dict:
     """The hooked fan-out's plans, or the sequential one's."""
     if not hooked:
-        return {(): [None] * (PREFIX_TOKENS + k * m + SUFFIX_TOKENS - 1)}
+        return {(): [None] * (PREFIX_TOKENS + k * m + SUFFIX_TOKENS)}
     plans = {
-        (): [None] * PREFIX_TOKENS + [ids.promise] * k + [ids.sync] + [None] *
-        (SUFFIX_TOKENS - 1)
+        (): [None] * PREFIX_TOKENS + [ids.promise] * k + [ids.sync] +
+        [None] * SUFFIX_TOKENS
     }
     for i in range(k):
-        plans[(i, )] = [None] * (m - 1)
+        plans[(i, )] = [None] * m
     return plans
 
 
-def timed(llm, ids, plans) -> tuple:
+def timed(llm, ids, plans, max_tokens: int) -> tuple:
     """One request over ``plans``: output, seconds, engine steps."""
-    from sequence_hooks_testkit.v1_oracle import scripted_params
+    from sequence_hooks_testkit.v1_engines import scripted_params
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     first_step = scheduler.current_step
     start = time.perf_counter()
     [output] = llm.generate(["the cat sees"],
-                            scripted_params(plans, ids, max_tokens=MAX_TOKENS),
+                            scripted_params(plans, ids, max_tokens=max_tokens),
                             use_tqdm=False)
     return (output, time.perf_counter() - start,
             scheduler.current_step - first_step)
@@ -61,40 +61,44 @@ def timed(llm, ids, plans) -> tuple:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    parser.add_argument("--ms", type=int, nargs="+", default=[16])
+    parser.add_argument("--ms", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default="fanout_latency_v1.json")
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm_sequence_hooks import TREE_KEY
+    from vllm_sequence_hooks import promise_tree
 
-    from sequence_hooks_testkit.tiny_model import (build_tiny_model,
+    from sequence_hooks_testkit.tiny_model import (TinyModelSpec,
+                                                   build_tiny_model,
                                                    tiny_hook_ids)
     from sequence_hooks_testkit.v1_engines import v1_llm
 
-    model = build_tiny_model(Path(tempfile.mkdtemp()) / "tiny")
+    # As benchmarks/fanout_latency.py sizes it.
+    max_len = PREFIX_TOKENS + max(args.ks) * (max(args.ms) + 2) + 64
+    model = build_tiny_model(
+        Path(tempfile.mkdtemp()) / "tiny",
+        TinyModelSpec(max_positions=max_len))
     ids = tiny_hook_ids()
-    llm = v1_llm(model, ids, max_model_len=512, max_num_seqs=64)
-    timed(llm, ids, plans_for(ids, 2, 8, True))  # warm-up
+    llm = v1_llm(model, ids, max_model_len=max_len, max_num_seqs=64)
+    timed(llm, ids, plans_for(ids, 2, 8, True), max_len - 8)  # warm-up
     rows = []
     for m in args.ms:
         for k in args.ks:
-            if PREFIX_TOKENS + k * m + SUFFIX_TOKENS >= MAX_TOKENS:
-                raise SystemExit(f"k={k}, m={m}: longer than {MAX_TOKENS}")
             sides = {"hooks": [], "sequential": []}
             steps = {}
             for _ in range(args.repeats):
                 for side in sides:  # alternating, side by side
                     output, seconds, n = timed(
-                        llm, ids, plans_for(ids, k, m, side == "hooks"))
+                        llm, ids, plans_for(ids, k, m, side == "hooks"),
+                        max_len - 8)
                     sides[side].append(seconds)
                     steps[side] = n
                     if side == "hooks":
-                        tree = output.kv_transfer_params[TREE_KEY]
-                        assert [len(c["token_ids"])
-                                for c in tree["children"]] == [m] * k, tree
+                        tree = promise_tree(output)
+                        assert [len(c.token_ids)
+                                for c in tree.children] == [m + 1] * k
             a, n = PREFIX_TOKENS, SUFFIX_TOKENS
             hooks_s = statistics.median(sides["hooks"])
             sequential_s = statistics.median(sides["sequential"])

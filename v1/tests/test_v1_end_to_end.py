@@ -8,71 +8,16 @@ every test the engine core must be clean: every KV block back in the pool,
 no request, no tree left.
 """
 
-import pytest
-from vllm_sequence_hooks import TREE_KEY
-
-from sequence_hooks_testkit.programs import PROMPTS, programs
-from sequence_hooks_testkit.v1_engines import assert_engine_clean, scheduler_of
-from sequence_hooks_testkit.v1_oracle import reference, scripted_params
-
-NONE = None
-PROGRAM_NAMES = [
-    "one promise", "several promises", "nested",
-    "sync before the child finishes", "sync after the child finished",
-    "two rounds", "sync without children"
-]
+from sequence_hooks import training_records
+from sequence_hooks_testkit import conformance
+from sequence_hooks_testkit.programs import NONE, programs
+from sequence_hooks_testkit.v1_engines import (V1, assert_engine_clean,
+                                               scheduler_of, scripted_params)
 
 
-def tree_of(output):
-    return (output.kv_transfer_params or {}).get(TREE_KEY)
-
-
-def assert_tree_matches(node, expected):
-    assert len(node["children"]) == len(expected.children)
-    for child, expected_child in zip(node["children"], expected.children):
-        assert child["token_ids"] == expected_child.token_ids
-        assert child["finish_reason"] == "stop"
-        assert_tree_matches(child, expected_child)
-
-
-def run_hooked(llm, ids, prompts, plan_list, max_tokens=64):
-    return llm.generate(
-        prompts,
-        [scripted_params(plans, ids, max_tokens) for plans in plan_list],
-        use_tqdm=False)
-
-
-@pytest.mark.parametrize("name", PROGRAM_NAMES)
-def test_program_matches_the_hook_free_reference(hooked_llm, plain_llm,
-                                                 hook_ids, name):
-    plans = programs(hook_ids)[name]
-    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
-    expected = reference(plain_llm, hook_ids, plans, output.prompt_token_ids)
-    completion = output.outputs[0]
-    assert list(completion.token_ids) == expected.token_ids
-    assert completion.finish_reason == "stop"
-    tree = tree_of(output)
-    if expected.children:
-        assert_tree_matches(tree, expected)
-        # The parent's text carries the merged children's texts.
-        for child in tree["children"]:
-            assert child["text"].strip()
-            assert child["text"].strip() in completion.text
-    else:
-        assert tree is None
-    assert_engine_clean(hooked_llm)
-
-
-def test_many_requests_at_once(hooked_llm, plain_llm, hook_ids):
-    named = list(programs(hook_ids).values())
-    plan_list = [named[i % len(named)] for i in range(len(PROMPTS))]
-    outputs = run_hooked(hooked_llm, hook_ids, PROMPTS, plan_list)
-    assert [o.prompt for o in outputs] == PROMPTS
-    for output, plans in zip(outputs, plan_list):
-        expected = reference(plain_llm, hook_ids, plans,
-                             output.prompt_token_ids)
-        assert list(output.outputs[0].token_ids) == expected.token_ids
-    assert_engine_clean(hooked_llm)
+class TestConformance(conformance.FlavourConformance):
+    """The checks every flavour passes, on V1."""
+    flavour = V1
 
 
 def test_scheduled_tokens_for_child_start_and_parent_resume(
@@ -81,20 +26,21 @@ def test_scheduled_tokens_for_child_start_and_parent_resume(
     scheduler.computed_log = []
     try:
         plans = programs(hook_ids)["sync before the child finishes"]
-        [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
+        [output] = conformance.run_hooked(V1, hooked_llm, hook_ids,
+                                          ["the cat sees"], [plans])
     finally:
         log, scheduler.computed_log = scheduler.computed_log, None
-    tree = tree_of(output)
-    [child] = tree["children"]
-    child_chunks = [n for _, rid, n in log if rid == child["request_id"]]
-    root_chunks = [n for _, rid, n in log if rid == tree["request_id"]]
+    tree = V1.promise_tree(output)
+    [child] = tree.children
+    child_chunks = [n for _, rid, n in log if rid == child.request_id]
+    root_chunks = [n for _, rid, n in log if rid == tree.request_id]
     print(f"child chunks {child_chunks}, root chunks {root_chunks}")
     # The child computes only <promise> and its role marker, then decodes.
     assert child_chunks[0] == 2
     assert set(child_chunks[1:]) == {1}
     # The parent: its prompt, one decode (<promise>), then, after waiting,
     # exactly <sync> plus the merged tokens, then decodes.
-    merged = tree["num_merged_tokens"]
+    merged = tree.num_merged_tokens
     assert merged > 0
     assert root_chunks[:3] == [len(output.prompt_token_ids), 1, 1 + merged]
     assert set(root_chunks[3:]) == {1}
@@ -116,7 +62,8 @@ def test_child_shares_full_blocks_and_copies_the_partial_one(
     try:
         engine.step()  # the prompt; samples <promise>
         engine.step()  # <promise> for the parent, and the child's start
-        [(root_id, tree)] = scheduler.trees.items()
+        [tree] = {id(tree): tree for tree in scheduler.trees.values()}.values()
+        root_id = tree.root.request_id
         [child] = tree.root.children
         child_id = child.request_id
         [parent_blocks] = manager.get_blocks(root_id).blocks
@@ -133,22 +80,6 @@ def test_child_shares_full_blocks_and_copies_the_partial_one(
     assert_engine_clean(hooked_llm)
 
 
-@pytest.mark.parametrize("tokens_after_promise", [0, 1])
-def test_parent_eos_aborts_live_children(hooked_llm, plain_llm, hook_ids,
-                                         tokens_after_promise):
-    plans = {
-        (): [NONE, hook_ids.promise] + [NONE] * tokens_after_promise,
-        (0, ): [NONE] * 30
-    }
-    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
-    expected = reference(plain_llm, hook_ids, {(): plans[()]},
-                         output.prompt_token_ids)
-    assert list(output.outputs[0].token_ids) == expected.token_ids
-    [child] = tree_of(output)["children"]
-    assert child["finish_reason"] == "abort"
-    assert_engine_clean(hooked_llm)
-
-
 def test_child_promising_as_its_root_ends_spawns_nothing(hooked_llm, hook_ids):
     # The root samples its EOS in the step its child samples <promise>:
     # the root's output comes first and aborts the child, whose promise
@@ -158,10 +89,11 @@ def test_child_promising_as_its_root_ends_spawns_nothing(hooked_llm, hook_ids):
         (0, ): [NONE, hook_ids.promise] + [NONE] * 10,
         (0, 0): [NONE] * 10,
     }
-    [output] = run_hooked(hooked_llm, hook_ids, ["the cat sees"], [plans])
-    [child] = tree_of(output)["children"]
-    assert child["finish_reason"] == "abort"
-    assert child["children"] == []
+    [output] = conformance.run_hooked(V1, hooked_llm, hook_ids,
+                                      ["the cat sees"], [plans])
+    [child] = V1.promise_tree(output).children
+    assert child.finish_reason == "abort"
+    assert child.children == ()
     assert_engine_clean(hooked_llm)
 
 
@@ -204,20 +136,39 @@ def test_aborting_a_request_aborts_its_tree(hooked_llm, hook_ids):
     assert_engine_clean(hooked_llm)
 
 
-def test_promise_storm_stays_within_the_limits(hooked_llm, hook_ids):
-    storm = [hook_ids.promise] * 24
-    plans = {(): storm + [hook_ids.sync, NONE]}
-    for k in range(16):
-        plans[(k, )] = storm[:4]
-        for j in range(4):
-            plans[(k, j)] = storm[:2]
-    [output] = run_hooked(hooked_llm,
-                          hook_ids, ["the cat sees"], [plans],
-                          max_tokens=200)
-    tree = tree_of(output)
-    assert 0 < len(tree["children"]) <= 16
-    assert sum(1 + len(child["children"]) for child in tree["children"]) == 64
-    assert all(not grandchild["children"] for child in tree["children"]
-               for grandchild in child["children"])
-    assert output.outputs[0].finish_reason == "stop"
+def test_training_records_of_a_tree_from_the_engine_core(hooked_llm, hook_ids):
+    plans = programs(hook_ids)["sync before the child finishes"]
+    params = scripted_params(plans, hook_ids)
+    params.logprobs = 1
+    [output] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
+    tree = V1.promise_tree(output)
+    root, child = training_records(output.prompt_token_ids, tree,
+                                   hook_ids.child)
+    assert child.context_token_ids == (tuple(output.prompt_token_ids) +
+                                       tree.token_ids[:1] + (hook_ids.child, ))
+    assert child.token_ids == tree.children[0].token_ids
+    assert all(child.sampled_mask) and None not in child.logprobs
+    assert [lp is None for lp in root.logprobs
+            ] == [not sampled for sampled in root.sampled_mask]
+    assert_engine_clean(hooked_llm)
+
+
+def test_a_streamed_requests_tree_comes_with_its_last_delta(
+        hooked_llm, hook_ids):
+    from vllm.sampling_params import RequestOutputKind
+    engine = hooked_llm.llm_engine
+    params = scripted_params(programs(hook_ids)["one promise"], hook_ids)
+    params.output_kind = RequestOutputKind.DELTA
+    engine.add_request("deltas", {"prompt_token_ids": [7, 8, 9]}, params)
+    deltas = []
+    while engine.has_unfinished_requests():
+        deltas += engine.step()
+    *earlier, last = deltas
+    assert last.finished and all(V1.promise_tree(o) is None for o in earlier)
+    tree = V1.promise_tree(last)
+    assert list(tree.token_ids) == [
+        token for o in deltas for token in o.outputs[0].token_ids
+    ]
+    [child] = tree.children
+    assert child.text.strip() in "".join(o.outputs[0].text for o in deltas)
     assert_engine_clean(hooked_llm)

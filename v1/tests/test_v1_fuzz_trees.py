@@ -15,32 +15,22 @@ import os
 import random
 
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from sequence_hooks_testkit.v1_engines import assert_engine_clean, scheduler_of
+from sequence_hooks_testkit.conformance import (assert_fuzz_outcome,
+                                                fuzz_cases, hook_odds)
+from sequence_hooks_testkit.v1_engines import (assert_engine_clean,
+                                               run_to_the_end, scheduler_of)
 from sequence_hooks_testkit.v1_scripted_logits import POLICY_KEY
 from vllm import SamplingParams
 
 EXAMPLES = int(os.environ.get("HOOK_FUZZ_EXAMPLES", "12"))
 MAX_STEPS = 2000
 
-cases = st.fixed_dictionaries(
-    dict(seed=st.integers(0, 2**31 - 1),
-         requests=st.integers(1, 5),
-         max_tokens=st.integers(4, 40),
-         max_children_per_sequence=st.integers(1, 4),
-         max_children_per_request=st.integers(1, 8),
-         max_depth=st.integers(1, 3),
-         promise_p=st.floats(0.0, 0.4),
-         sync_p=st.floats(0.0, 0.4),
-         eos_p=st.floats(0.0, 0.2),
-         abort_p=st.floats(0.0, 0.05)))
-
 
 @settings(max_examples=EXAMPLES,
           deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(case=cases)
+@given(case=fuzz_cases())
 def test_random_trees_with_aborts_leave_nothing_behind(hooked_llm, hook_ids,
                                                        case):
     engine = hooked_llm.llm_engine
@@ -55,13 +45,9 @@ def test_random_trees_with_aborts_leave_nothing_behind(hooked_llm, hook_ids,
         max_depth=case["max_depth"])
     rng = random.Random(case["seed"])
     policy = {
-        "seed":
-        case["seed"],
-        "words":
-        list(range(7, 40)),
-        "hooks": [[hook_ids.promise, case["promise_p"]],
-                  [hook_ids.sync, case["sync_p"]],
-                  [hook_ids.eos, case["eos_p"]]],
+        "seed": case["seed"],
+        "words": list(range(7, 40)),
+        "hooks": hook_odds(case, hook_ids),
     }
     roots = [str(i) for i in range(case["requests"])]
     for request_id in roots:
@@ -71,24 +57,18 @@ def test_random_trees_with_aborts_leave_nothing_behind(hooked_llm, hook_ids,
             SamplingParams(temperature=0.0,
                            max_tokens=case["max_tokens"],
                            extra_args={POLICY_KEY: policy}))
-    aborted, finished = set(), []
+    aborted = set()
+
+    def maybe_abort():
+        if rng.random() < case["abort_p"]:
+            victim = rng.choice(roots)
+            aborted.add(victim)
+            engine.abort_request([victim])
+
     try:
-        for _ in range(MAX_STEPS):
-            if not engine.has_unfinished_requests():
-                break
-            if rng.random() < case["abort_p"]:
-                victim = rng.choice(roots)
-                aborted.add(victim)
-                engine.abort_request([victim])
-            for output in engine.step():
-                assert output.request_id in roots
-                if output.finished:
-                    finished.append(output.request_id)
-        else:
-            raise AssertionError(f"not done after {MAX_STEPS} steps: {case}")
+        finished, output_ids = run_to_the_end(engine, MAX_STEPS, maybe_abort)
     finally:
         scheduler.special_kwargs = limits
     engine.step()  # nothing left: must not raise
-    assert len(finished) == len(set(finished))
-    assert set(roots) - aborted <= set(finished)
+    assert_fuzz_outcome(roots, aborted, finished, output_ids)
     assert_engine_clean(hooked_llm)

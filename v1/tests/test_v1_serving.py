@@ -7,7 +7,8 @@ The server runs the tiny model on 127.0.0.1 with the hook scheduler and the
 scripted logits processor; each request carries its script as JSON in
 `vllm_xargs`. A streamed answer must be the non-streamed one, chunk by
 chunk of one choice only (children never show up in a stream), and the
-non-streamed answer carries the tree in `kv_transfer_params`.
+non-streamed answer carries the tree in `kv_transfer_params`; the hook
+metrics reach the server's `/metrics`.
 """
 
 import json
@@ -21,7 +22,7 @@ import requests
 
 from sequence_hooks_testkit.programs import programs
 from sequence_hooks_testkit.server import wait_healthy
-from sequence_hooks_testkit.v1_oracle import MASKED_IDS
+from sequence_hooks_testkit.v1_engines import MASKED_IDS
 from sequence_hooks_testkit.v1_scripted_logits import SCRIPT_KEY, make_script
 
 # Server start (engine core in its own process) and shutdown bounds.
@@ -46,7 +47,12 @@ def server(tiny_model_path, tmp_path_factory):
             "child_role_token": "<child>"
         }
     }
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    # The hook metrics live in the engine core's process: prometheus
+    # multiprocess mode carries them to the API server's /metrics.
+    env = dict(os.environ,
+               VLLM_ENABLE_V1_MULTIPROCESSING="1",
+               PROMETHEUS_MULTIPROC_DIR=str(
+                   tmp_path_factory.mktemp("prometheus")))
     log_path = tmp_path_factory.mktemp("serve") / "server.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
@@ -155,3 +161,24 @@ def test_served_answers_merge_children_and_stream_only_the_parent(
     assert text_streamed == text
     assert {chunk["id"] for chunk in chunks} == {chunks[0]["id"]}
     assert {c["index"] for chunk in chunks for c in chunk["choices"]} == {0}
+
+
+def hook_metric(url: str, name: str) -> float:
+    """`vllm:sequence_hook_<name>` on the server's /metrics (0 if absent)."""
+    text = requests.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text
+    for line in text.splitlines():
+        if line.startswith(f"vllm:sequence_hook_{name}{{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_hook_metrics_reach_the_servers_metrics(server, hook_ids,
+                                                tiny_model_path):
+    before = hook_metric(server, "promises_spawned_total")
+    response = requests.post(server + "/v1/completions",
+                             json=body(hook_ids, tiny_model_path, False,
+                                       False),
+                             timeout=REQUEST_TIMEOUT_S)
+    response.raise_for_status()
+    assert hook_metric(server, "promises_spawned_total") == before + 1
+    assert hook_metric(server, "children_running") == 0

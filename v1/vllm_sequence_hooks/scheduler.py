@@ -8,30 +8,50 @@ core, after the stock `update_from_output` has appended and stop-checked the
 step's sampled tokens. See docs/v1.md.
 """
 
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Optional
 
-from vllm_sequence_hooks.tree import PromiseTree, TreeNode
+import numpy as np
 
 from sequence_hooks import SpecialKwargs
+from sequence_hooks.metrics import SequenceHookMetrics
+from sequence_hooks.tree import (PromiseTreeState, TokenLogprobs, TreeNode,
+                                 derive_seed, merged_text, without_hook_tokens)
 from vllm.config import VllmConfig
-from vllm.logger import init_logger
+from vllm.logprobs import append_logprobs_for_next_position
 from vllm.tokenizers import cached_tokenizer_from_config
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
-
-logger = init_logger(__name__)
 
 # Key of `additional_config` that holds the SpecialKwargs (dict or JSON).
 CONFIG_KEY = "special_kwargs"
 # Key of the root's `RequestOutput.kv_transfer_params` that carries the
-# tree's snapshot: the one per-request dict V1 passes from the engine core
-# to the frontend's outputs.
+# tree's snapshot (`PromiseNode.to_dict(top_logprobs=True)`): the one
+# per-request dict V1 passes from the engine core to the frontend's outputs.
 TREE_KEY = "promise_tree"
+# Logprob given to a merged token in the request's logprobs (as on V0).
+MERGED_TOKEN_LOGPROB = 0.0
+
+
+@dataclass
+class Member:
+    """V1 bookkeeping of one live tree member's engine request."""
+
+    # Where its own tokens start in its request's `all_token_ids` (a
+    # child's prompt is its parent's context).
+    start: int
+    # Its `max_tokens` when it started: a resume turns its output into
+    # prompt, which resets upstream's count.
+    budget: int
+    # A child's sampled tokens' logprobs so far (None where merged); None
+    # unless the request asked for logprobs (the root's are its output's).
+    logprobs: Optional[list[Optional[TokenLogprobs]]] = None
 
 
 def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
@@ -73,6 +93,8 @@ class SequenceHookScheduler(Scheduler):
       so the resume computes exactly `<sync>` plus the merged tokens.
     - Children's outputs never leave the engine core; the merged tokens and,
       at the end, the tree's snapshot reach the root's output.
+
+    The tree is the engine-neutral `PromiseTreeState` the V0 fork keeps.
     """
 
     def __init__(self, vllm_config: VllmConfig, *args, **kwargs) -> None:
@@ -90,15 +112,19 @@ class SequenceHookScheduler(Scheduler):
             vllm_config.model_config.get_vocab_size())
         self.special_kwargs = special_kwargs
         self.hook_token_ids = special_kwargs.hook_token_ids
-        # Tree node of every live or finished-but-unreported tree member.
-        self.nodes: dict[str, TreeNode] = {}
-        # Trees by root request id.
-        self.trees: dict[str, PromiseTree] = {}
-        # Children not yet admitted: their prefix hit is the parent's blocks.
-        self.pending_forks: dict[str, TreeNode] = {}
-        # Original max_tokens of each tree member: a resume moves the
-        # sequence's output into its prompt, which resets the count.
-        self.budgets: dict[str, int] = {}
+        self.hook_token_strings = self.tokenizer.convert_ids_to_tokens(
+            sorted(self.hook_token_ids))
+        # The tree of every live tree member, by the member's request id.
+        self.trees: dict[str, PromiseTreeState] = {}
+        # Every live tree member's engine bookkeeping, by request id.
+        self.members: dict[str, Member] = {}
+        # Children not yet admitted, with the parent tokens computed at the
+        # fork: their prefix hit is the parent's blocks.
+        self.pending_forks: dict[str, int] = {}
+        # V0's `vllm:sequence_hook_*` metrics (docs/v1.md: how they reach
+        # `/metrics` from the engine core's process).
+        self.metrics = SequenceHookMetrics(
+            vllm_config.model_config.served_model_name)
         # Tokens each tree member computed in each step, for the tests and
         # benchmarks: (step, request id, tokens).
         self.computed_log: Optional[list[tuple[int, str, int]]] = None
@@ -113,12 +139,13 @@ class SequenceHookScheduler(Scheduler):
         unscheduled requests from it), and counting it could leave its own
         children waiting forever once parents fill the limit.
         """
-        parked = sum(node.parked for node in self.nodes.values())
+        parked = self.num_parked()
         self.num_waiting_for_streaming_input -= parked
         try:
             output = super().schedule(*args, **kwargs)
         finally:
             self.num_waiting_for_streaming_input += parked
+        self.metrics.kv_cache_usage.set(self.kv_cache_manager.usage)
         if self.computed_log is not None:
             self.computed_log += [
                 (self.current_step, request_id, n)
@@ -126,14 +153,19 @@ class SequenceHookScheduler(Scheduler):
             ]
         return output
 
+    def num_parked(self) -> int:
+        """Parents parked by `<sync>`, waiting for their children."""
+        return sum(tree.nodes[request_id].blocked_since is not None
+                   for request_id, tree in self.trees.items())
+
     def _get_local_prefix_cache_hit(self, request: Request):
         """A new child's hit is its parent's computed context."""
-        node = self.pending_forks.pop(request.request_id, None)
-        if node is not None:
+        num_shared = self.pending_forks.pop(request.request_id, None)
+        if num_shared is not None:
+            node = self.trees[request.request_id].nodes[request.request_id]
             parent = self.requests.get(node.parent.request_id)
             if parent is not None and self._holds_kv_blocks(parent):
-                shared = min(node.num_shared_tokens,
-                             parent.num_computed_tokens)
+                shared = min(num_shared, parent.num_computed_tokens)
                 blocks = self.kv_cache_manager.get_blocks(
                     parent.request_id).blocks
                 num_blocks = cdiv(shared, self.block_size)
@@ -164,7 +196,7 @@ class SequenceHookScheduler(Scheduler):
         extra: dict[int, list[EngineCoreOutput]] = {}
         for client_index, outputs in engine_outputs.items():
             by_id = {out.request_id: out for out in outputs.outputs}
-            # Decided before the hooks run: a finished root drops its nodes.
+            # Decided before the hooks run: a finished root drops its tree.
             children = {
                 request_id
                 for request_id in by_id if self._is_child(request_id)
@@ -184,8 +216,8 @@ class SequenceHookScheduler(Scheduler):
         return engine_outputs
 
     def _is_child(self, request_id: str) -> bool:
-        node = self.nodes.get(request_id)
-        return node is not None and node.parent is not None
+        tree = self.trees.get(request_id)
+        return tree is not None and tree.root.request_id != request_id
 
     def _on_output(self, request: Request, out: EngineCoreOutput,
                    by_id: dict[str, EngineCoreOutput],
@@ -193,58 +225,75 @@ class SequenceHookScheduler(Scheduler):
         if out.finish_reason is None and request.is_finished():
             # Aborted earlier in this step, with its finished ancestor.
             return
-        node = self.nodes.get(request.request_id)
-        if out.finish_reason is not None:
-            if node is not None and not node.is_finished:
-                self._finish(request, node, str(out.finish_reason), by_id,
-                             extra)
+        tree = self.trees.get(request.request_id)
+        node = None if tree is None else tree.nodes[request.request_id]
+        if node is not None and node.is_finished:
             return
-        if not out.new_token_ids or node is not None and node.is_finished:
+        if tree is not None and out.new_logprobs is not None:
+            self._record_logprobs(request.request_id, out.new_logprobs)
+        if out.finish_reason is not None:
+            if node is not None:
+                self._finish(request, tree, node, str(out.finish_reason),
+                             by_id, extra)
+            return
+        if not out.new_token_ids:
             return
         token_id = out.new_token_ids[-1]
         if token_id == self.special_kwargs.promise_token_id:
             self._promise(request)
         elif token_id == self.special_kwargs.sync_token_id and node:
-            self._sync(request, node, by_id, extra)
+            self._sync(request, tree, node, by_id, extra)
+
+    def _record_logprobs(self, request_id: str,
+                         new_logprobs: LogprobsLists) -> None:
+        """Keeps a child's sampled tokens' logprobs for its tree node."""
+        member = self.members[request_id]
+        if member.logprobs is None:
+            return
+        token_ids, logprobs, ranks, _ = new_logprobs
+        for row_ids, row_logprobs, rank in zip(token_ids, logprobs, ranks):
+            append_logprobs_for_next_position(member.logprobs,
+                                              row_ids.tolist(),
+                                              row_logprobs.tolist(),
+                                              [None] * len(row_ids), int(rank),
+                                              len(row_ids) - 1)
 
     # ---------------------------------------------------------------- hooks
 
-    def _node_of(self, request: Request) -> TreeNode:
-        node = self.nodes.get(request.request_id)
-        if node is None:
+    def _tree_of(self, request: Request) -> PromiseTreeState:
+        """The request's tree, made when a root first promises."""
+        tree = self.trees.get(request.request_id)
+        if tree is None:
             # A resume extends the prompt in place; with the engine core in
             # process, the frontend holds the same list.
             request.prompt_token_ids = list(request.prompt_token_ids)
-            node = TreeNode(request.request_id)
-            self.nodes[request.request_id] = node
-            self.trees[request.request_id] = PromiseTree(node)
-            self.budgets[request.request_id] = request.max_tokens
-        return node
-
-    def _tree_of(self, node: TreeNode) -> PromiseTree:
-        while node.parent is not None:
-            node = node.parent
-        return self.trees[node.request_id]
+            tree = PromiseTreeState(root=TreeNode(request.request_id))
+            self.trees[request.request_id] = tree
+            self.members[request.request_id] = Member(
+                start=request.num_prompt_tokens, budget=request.max_tokens)
+        return tree
 
     def _promise(self, parent: Request) -> None:
-        node = self._node_of(parent)
-        tree = self._tree_of(node)
-        limits = self.special_kwargs
-        if (len(node.children) >= limits.max_children_per_sequence
-                or tree.num_spawned >= limits.max_children_per_request
-                or node.depth >= limits.max_depth):
-            tree.num_refused += 1
+        tree = self._tree_of(parent)
+        node = tree.nodes[parent.request_id]
+        if not tree.may_spawn(node, self.special_kwargs):
+            self.metrics.promises_refused.inc()
             return
+        limits = self.special_kwargs
         marker = ([] if limits.child_role_token_id is None else
                   [limits.child_role_token_id])
         context = list(parent.all_token_ids) + marker
-        tree.num_spawned += 1
-        child_id = f"{tree.root.request_id}/promise-{tree.num_spawned}"
+        child_id = f"{tree.root.request_id}/promise-{tree.num_spawned + 1}"
         params = parent.sampling_params.clone()
         # Its prompt is the parent's context: no prompt logprobs, and its
         # own budget, counted from the fork.
         params.prompt_logprobs = None
-        params.max_tokens = self.budgets[tree.root.request_id]
+        params.max_tokens = self.members[tree.root.request_id].budget
+        if params.seed is not None:
+            # A new request seeds a new generator: with the parent's seed,
+            # the child would replay the parent's random stream.
+            params.seed = derive_seed(params.seed,
+                                      f"child-{len(node.children)}")
         child = Request(request_id=child_id,
                         prompt_token_ids=context,
                         sampling_params=params,
@@ -254,20 +303,28 @@ class SequenceHookScheduler(Scheduler):
                         cache_salt=parent.cache_salt,
                         priority=parent.priority,
                         block_hasher=parent._block_hasher)
-        child_node = TreeNode(child_id,
-                              depth=node.depth + 1,
-                              parent=node,
-                              fork_len=len(context),
-                              num_shared_tokens=parent.num_computed_tokens)
-        node.children.append(child_node)
-        self.nodes[child_id] = child_node
-        self.budgets[child_id] = params.max_tokens
-        self.pending_forks[child_id] = child_node
+        # The child request has no output yet: its own tokens, text and
+        # cumulative logprob start at 0 after its context.
+        tree.add_child(node,
+                       child_id,
+                       fork_position=(parent.num_tokens -
+                                      self.members[parent.request_id].start),
+                       fork_output_len=0,
+                       fork_text_len=0,
+                       fork_cumulative_logprob=0.0)
+        self.trees[child_id] = tree
+        self.members[child_id] = Member(
+            start=len(context),
+            budget=params.max_tokens,
+            logprobs=None if params.logprobs is None else [])
+        self.pending_forks[child_id] = parent.num_computed_tokens
         self.requests[child_id] = child
+        self.metrics.promises_spawned.inc()
+        self.metrics.children_running.inc()
         # Ahead of new requests: it continues work already admitted.
         self.waiting.prepend_request(child)
 
-    def _sync(self, request: Request, node: TreeNode,
+    def _sync(self, request: Request, tree: PromiseTreeState, node: TreeNode,
               by_id: dict[str, EngineCoreOutput],
               extra: dict[int, list[EngineCoreOutput]]) -> None:
         pending = node.unmerged_children()
@@ -279,32 +336,51 @@ class SequenceHookScheduler(Scheduler):
         request.status = RequestStatus.WAITING_FOR_STREAMING_REQ
         self.num_waiting_for_streaming_input += 1
         self._enqueue_waiting_request(request)
-        node.parked = True
+        node.blocked_since = time.monotonic()
+        self.metrics.syncs_blocked.inc()
+        self.metrics.parents_parked.inc()
         if all(child.is_finished for child in pending):
-            self._merge(request, node, by_id, extra)
+            self._merge(request, tree, node, by_id, extra)
 
-    def _finish(self, request: Request, node: TreeNode, reason: str,
-                by_id: dict[str, EngineCoreOutput],
+    def _unpark(self, node: TreeNode) -> None:
+        """Observes how long ``node`` was parked; it is parked no more."""
+        if node.blocked_since is not None:
+            self.metrics.blocked_time.observe(time.monotonic() -
+                                              node.blocked_since)
+            self.metrics.parents_parked.dec()
+            node.blocked_since = None
+
+    def _finish(self, request: Request, tree: PromiseTreeState, node: TreeNode,
+                reason: str, by_id: dict[str, EngineCoreOutput],
                 extra: dict[int, list[EngineCoreOutput]]) -> None:
         """Records a finished tree member and wakes its parent."""
-        node.finish_reason = reason
-        self._abort(node.live_descendants())
+        self._abort(tree, node.live_descendants())
+        member = self.members[node.request_id]
+        token_ids = list(request.all_token_ids[member.start:])
+        params = request.sampling_params
+        logprobs = member.logprobs
+        cumulative = None if logprobs is None else sum(
+            entry[token].logprob for token, entry in zip(token_ids, logprobs)
+            if entry is not None)
+        # The text as the frontend would detokenize it, hook tokens removed.
+        text = without_hook_tokens(
+            self.tokenizer.decode(
+                token_ids, skip_special_tokens=params.skip_special_tokens),
+            self.hook_token_strings)
+        tree.record_finish(node, reason, token_ids, text, logprobs, cumulative)
         if node.parent is None:
-            self._report_tree(node, by_id.get(request.request_id))
+            self._report_tree(tree, by_id.get(request.request_id))
             return
-        node.token_ids = list(request.all_token_ids[node.fork_len:])
-        node.text = self.tokenizer.decode(
-            [t for t in node.token_ids if t not in self.hook_token_ids],
-            skip_special_tokens=True)
-        self.budgets.pop(node.request_id, None)
+        self.members.pop(node.request_id)
+        self.metrics.children_running.dec()
         parent_node = node.parent
         parent = self.requests.get(parent_node.request_id)
-        if (parent is not None and parent_node.parked
+        if (parent is not None and parent_node.blocked_since is not None
                 and all(child.is_finished
                         for child in parent_node.unmerged_children())):
-            self._merge(parent, parent_node, by_id, extra)
+            self._merge(parent, tree, parent_node, by_id, extra)
 
-    def _merge(self, request: Request, node: TreeNode,
+    def _merge(self, request: Request, tree: PromiseTreeState, node: TreeNode,
                by_id: dict[str, EngineCoreOutput],
                extra: dict[int, list[EngineCoreOutput]]) -> None:
         """Appends the children's texts after `<sync>` and resumes.
@@ -312,18 +388,22 @@ class SequenceHookScheduler(Scheduler):
         The merge is cut to leave room for one sampled token within the
         sequence's budget and the model length.
         """
-        children = node.unmerged_children()
-        node.num_merged = len(node.children)
-        node.parked = False
-        text = self.special_kwargs.merge_separator.join(child.text
-                                                        for child in children)
+        children = tree.take_unmerged(node)
+        self._unpark(node)
+        text = merged_text(children, self.special_kwargs.merge_separator)
+        # Text that spells a special token stays text, never a control token.
         token_ids = self.tokenizer.encode(text,
                                           add_special_tokens=False,
                                           split_special_tokens=True)
+        member = self.members[request.request_id]
         room = min(self.max_model_len - request.num_tokens,
                    request.max_tokens - request.num_output_tokens) - 1
         token_ids = token_ids[:max(room, 0)]
-        node.num_merged_tokens += len(token_ids)
+        tree.record_merged_tokens(node, request.num_tokens - member.start,
+                                  len(token_ids))
+        self.metrics.merged_tokens.inc(len(token_ids))
+        if member.logprobs is not None:
+            member.logprobs += [None] * len(token_ids)
         sync_token = request.all_token_ids[request.num_computed_tokens:]
         # Output so far becomes prompt; the budget keeps counting it.
         max_tokens = (request.max_tokens - request.num_output_tokens -
@@ -332,7 +412,9 @@ class SequenceHookScheduler(Scheduler):
         params.prompt_logprobs = None
         # The next chunk of the session: `<sync>` (sampled, not computed
         # yet) and the merged tokens. Upstream keeps the computed tokens'
-        # KV and drops the uncomputed sampled token, given back here.
+        # KV and drops the uncomputed sampled token, given back here. The
+        # model runner keeps the request's generator: a seeded parent goes
+        # on with its own stream, replaying nothing.
         self._update_request_as_session(
             request,
             StreamingUpdate(mm_features=None,
@@ -340,42 +422,64 @@ class SequenceHookScheduler(Scheduler):
                             max_tokens=max_tokens,
                             arrival_time=request.arrival_time,
                             sampling_params=params))
-        if not token_ids:
-            return
+        if token_ids:
+            self._send_merged_tokens(request, token_ids, by_id, extra)
+
+    def _send_merged_tokens(self, request: Request, token_ids: list[int],
+                            by_id: dict[str, EngineCoreOutput],
+                            extra: dict[int, list[EngineCoreOutput]]) -> None:
+        """Sends merged tokens as new tokens of the request, with logprob
+        rows of `MERGED_TOKEN_LOGPROB` if it asked for logprobs."""
         out = by_id.get(request.request_id)
-        if out is not None:
-            out.new_token_ids = list(out.new_token_ids) + token_ids
-        else:
+        if out is None:
             out = EngineCoreOutput(request_id=request.request_id,
-                                   new_token_ids=list(token_ids))
+                                   new_token_ids=[])
             by_id[request.request_id] = out
             extra.setdefault(request.client_index, []).append(out)
+        out.new_token_ids = list(out.new_token_ids) + token_ids
+        if request.sampling_params.logprobs is None:
+            return
+        width = (1 if out.new_logprobs is None else
+                 out.new_logprobs.logprob_token_ids.shape[1])
+        # Every column names the merged token: one entry per position.
+        rows = LogprobsLists(
+            np.repeat(np.array(token_ids, dtype=np.int64)[:, None],
+                      width,
+                      axis=1),
+            np.full((len(token_ids), width),
+                    MERGED_TOKEN_LOGPROB,
+                    dtype=np.float32), np.ones(len(token_ids), dtype=np.int64))
+        if out.new_logprobs is not None:
+            rows = LogprobsLists(
+                *(np.concatenate([old, new])
+                  for old, new in zip(out.new_logprobs[:3], rows[:3])))
+        out.new_logprobs = rows
 
-    def _report_tree(self, root: TreeNode,
+    def _report_tree(self, tree: PromiseTreeState,
                      out: Optional[EngineCoreOutput]) -> None:
-        """Drops a finished root's tree; its snapshot goes with the output."""
-        tree = self.trees.pop(root.request_id)
-        for node in self._all_nodes(root):
-            self.nodes.pop(node.request_id, None)
-            self.budgets.pop(node.request_id, None)
-            self.pending_forks.pop(node.request_id, None)
+        """Drops a finished root's tree; its snapshot goes with the output,
+        as the plain data `PromiseNode.to_dict()` gives (the engine core
+        sends its outputs to the frontend's process as msgpack)."""
+        self._forget(tree)
         if out is not None:
             params = dict(out.kv_transfer_params or {})
-            params[TREE_KEY] = dict(root.snapshot(),
-                                    num_refused=tree.num_refused)
+            params[TREE_KEY] = tree.snapshot().to_dict(top_logprobs=True)
             out.kv_transfer_params = params
 
-    def _all_nodes(self, node: TreeNode) -> list[TreeNode]:
-        nodes = [node]
-        for child in node.children:
-            nodes += self._all_nodes(child)
-        return nodes
+    def _forget(self, tree: PromiseTreeState) -> None:
+        for node in tree.root.subtree():
+            self.trees.pop(node.request_id, None)
+            self.members.pop(node.request_id, None)
+            self.pending_forks.pop(node.request_id, None)
 
-    def _abort(self, nodes: Iterable[TreeNode]) -> None:
+    def _abort(self, tree: PromiseTreeState,
+               nodes: Iterable[TreeNode]) -> None:
         live = [node for node in nodes if not node.is_finished]
         for node in live:
-            node.finish_reason = "abort"
-            node.parked = False
+            tree.record_abort(node)
+            self._unpark(node)
+            if node.parent is not None:
+                self.metrics.children_running.dec()
             self.pending_forks.pop(node.request_id, None)
         if live:
             super().finish_requests([node.request_id for node in live],
@@ -388,27 +492,20 @@ class SequenceHookScheduler(Scheduler):
             request_ids = (request_ids, )
         if request_ids is not None:
             request_ids = list(request_ids)
-            for request_id in list(request_ids):
-                node = self.nodes.get(request_id)
-                if node is not None and node.parent is None:
-                    self._abort(node.live_descendants())
-                    node.finish_reason = "abort"
-                    node.parked = False
-                    self.trees.pop(request_id, None)
-                    for member in self._all_nodes(node):
-                        self.nodes.pop(member.request_id, None)
-                        self.budgets.pop(member.request_id, None)
-        else:
-            self.nodes.clear()
-            self.trees.clear()
-            self.budgets.clear()
-            self.pending_forks.clear()
+        for request_id in list(self.requests if request_ids is
+                               None else request_ids):
+            tree = self.trees.get(request_id)
+            if tree is not None and tree.root.request_id == request_id:
+                self._abort(tree, tree.root.live_descendants())
+                tree.record_abort(tree.root)
+                self._unpark(tree.root)
+                self._forget(tree)
         return super().finish_requests(request_ids, finished_status)
 
     def get_tree_snapshot(self, request_id: str) -> Optional[dict[str, Any]]:
         """The live tree of a request, for inspection (None if none)."""
         tree = self.trees.get(request_id)
-        return None if tree is None else tree.root.snapshot()
+        return None if tree is None else tree.snapshot().to_dict()
 
 
 def hooked_engine_args(special_kwargs: Any) -> dict[str, Any]:

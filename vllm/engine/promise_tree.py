@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional
 
+from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.tree import (PromiseTreeState, TreeNode, derive_seed,
                                  merged_text, without_hook_tokens)
-from vllm.engine.sequence_hook_metrics import SequenceHookMetrics
 from vllm.logger import init_logger
 from vllm.sequence import (Logprob, Sequence, SequenceGroup, SequenceGroupBase,
                            SequenceStatus)

@@ -4,6 +4,7 @@
 
 from typing import Dict, List
 
+from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.special_kwargs import SpecialKwargs
 from vllm.config import SchedulerConfig
 from vllm.core.scheduler import Scheduler
@@ -11,7 +12,6 @@ from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
 from vllm.engine.output_processor.single_step import SingleStepOutputProcessor
 from vllm.engine.output_processor.stop_checker import StopChecker
 from vllm.engine.promise_tree import PromiseTreeCoordinator
-from vllm.engine.sequence_hook_metrics import SequenceHookMetrics
 from vllm.sequence import SequenceGroup, SequenceGroupBase, SequenceGroupOutput
 from vllm.transformers_utils.detokenizer import Detokenizer
 from vllm.utils import Counter

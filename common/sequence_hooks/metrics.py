@@ -2,9 +2,13 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Prometheus metrics of sequence hooks, exported with vLLM's own metrics.
 
-They are created in the engine process; with `vllm serve` (V0, its engine
-in a process of its own) prometheus_client's multiprocess mode carries them
-to the API server's `/metrics`, as it does for vLLM's V0 metrics.
+Shared by both flavours (only prometheus_client, no vLLM module). They are
+created in the process that runs the hooks: V0's engine, V1's engine core.
+When that is not the API server's process (`vllm serve`),
+prometheus_client's multiprocess mode carries them to the API server's
+`/metrics`: V0's server sets it up itself; on V1, stock vLLM 0.32 sets it
+up only with `--api-server-count` > 1, else `PROMETHEUS_MULTIPROC_DIR`
+must be set (docs/v1.md).
 """
 
 from typing import Any
