@@ -310,3 +310,16 @@ def answers_correct(task: Task, text: str) -> list[bool]:
     if answers is None or len(answers) != len(task.countries):
         return [False] * len(task.countries)
     return [a == CAPITALS[c] for a, c in zip(answers, task.countries)]
+
+
+def sentences_correct(task: Task, text: str) -> list[bool]:
+    """Per country, whether ``text`` holds its item sentence with its
+    capital exactly (both forms write the same sentences: the parallel
+    form's children, merged into the parent's text, or the sequential
+    form's lines). The first sentence about a country counts."""
+    said = {}
+    for line in text.split("\n"):
+        parsed = parse_sentence(line)
+        if parsed is not None:
+            said.setdefault(parsed[0], parsed[1])
+    return [said.get(c) == CAPITALS[c] for c in task.countries]

