@@ -1,0 +1,266 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Critical-path scheduling: under contention the work a parked tree waits
+for goes before new requests and is preempted last, within a bound on how
+long a new request may be passed over.
+
+The first tests play steps on the real scheduler through `HookHarness`
+(sampled tokens chosen by the test); the last ones run the tiny model on
+the real engine with scripted programs and check the order of the steps
+and the outputs against a roomy engine.
+"""
+
+import pytest
+
+from sequence_hooks_testkit.engines import (assert_engine_clean, run_hooked,
+                                            tiny_llm)
+from sequence_hooks_testkit.harness import HookHarness
+from sequence_hooks_testkit.oracle import scripted
+from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
+from vllm import SamplingParams
+from vllm.config import SpecialKwargs
+
+PROMPT = "the cat sees the dog"
+
+
+def make_harness(path, ids, harness_options=None, **hook_options):
+    """A harness over the tiny tokenizer with the hooks on.
+
+    Args:
+        harness_options: `HookHarness` arguments (cache size, lengths).
+        hook_options: Further `SpecialKwargs` fields.
+    """
+    return HookHarness(
+        path,
+        SpecialKwargs(sync_token_id=ids.sync,
+                      promise_token_id=ids.promise,
+                      **hook_options), **(harness_options or {}))
+
+
+def params(max_tokens=64):
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens)
+
+
+def children_of(group):
+    return group.first_seq.promise_tree.root.children
+
+
+def waiting_ids(harness):
+    return [group.request_id for group in harness.scheduler.waiting]
+
+
+@pytest.mark.parametrize("critical_path_first", [True, False])
+def test_child_of_a_parked_parent_is_admitted_before_a_new_request(
+        tiny_tokenizer_path, hook_ids, critical_path_first):
+    harness = make_harness(tiny_tokenizer_path,
+                           hook_ids, {"max_num_seqs": 2},
+                           critical_path_first=critical_path_first)
+    parent = harness.add("parent", PROMPT, params())
+    harness.add("busy", PROMPT, params())
+    harness.step()
+    harness.add("new", PROMPT, params())
+    harness.step({"parent": hook_ids.promise})
+    [child_id] = [node.request_id for node in children_of(parent)]
+    # Stock order: the new request came first.
+    assert waiting_ids(harness) == ["new", child_id]
+    harness.step({"parent": hook_ids.sync})
+
+    # The parked parent freed one slot.
+    scheduled = {s.request_id for s in harness.step()}
+    if critical_path_first:
+        assert child_id in scheduled and "new" not in scheduled
+        assert waiting_ids(harness) == ["new"]
+        assert harness.scheduler.steps_passed_over["new"] == 1
+    else:
+        assert "new" in scheduled and child_id not in scheduled
+        assert waiting_ids(harness) == [child_id]
+
+
+@pytest.mark.parametrize("bound", [3, 64])
+def test_new_request_goes_first_once_passed_over_for_the_bound(
+        tiny_tokenizer_path, hook_ids, bound):
+    harness = make_harness(tiny_tokenizer_path,
+                           hook_ids, {"max_num_seqs": 2},
+                           max_steps_passed_over=bound)
+    parent = harness.add("parent", PROMPT, params())
+    harness.add("busy", PROMPT, params())
+    harness.step()
+    harness.add("new", PROMPT, params())
+    for _ in range(3):
+        harness.step({"parent": hook_ids.promise})
+    first, second, third = [node.request_id for node in children_of(parent)]
+    harness.step({"parent": hook_ids.sync})
+    assert harness.scheduler.steps_passed_over["new"] == 0
+
+    # Three steps with the first child running: the new request waits
+    # behind the other two children each time.
+    for _ in range(3):
+        scheduled = {s.request_id for s in harness.step()}
+        assert first in scheduled and "new" not in scheduled
+    assert harness.scheduler.steps_passed_over["new"] == 3
+    assert waiting_ids(harness) == [second, third, "new"]
+    harness.step({first: hook_ids.eos})
+
+    # A slot is free again.
+    scheduled = {s.request_id for s in harness.step()}
+    if bound == 3:
+        assert "new" in scheduled and second not in scheduled
+        assert waiting_ids(harness) == [second, third]
+    else:
+        assert second in scheduled and "new" not in scheduled
+        assert waiting_ids(harness) == [third, "new"]
+
+
+@pytest.mark.parametrize("critical_path_first", [True, False])
+def test_new_request_is_preempted_before_a_child_of_a_parked_parent(
+        tiny_tokenizer_path, hook_ids, critical_path_first):
+    harness = make_harness(tiny_tokenizer_path,
+                           hook_ids, {
+                               "num_gpu_blocks": 8,
+                               "block_size": 4
+                           },
+                           critical_path_first=critical_path_first)
+    harness.add("new", PROMPT, params())
+    parent = harness.add("parent", PROMPT, params())
+    harness.step()
+    harness.step({"parent": hook_ids.promise})
+    [child_id] = [node.request_id for node in children_of(parent)]
+    harness.step({"parent": hook_ids.sync})
+    # Stock order puts the child, which joined last, at the back: the
+    # first to be preempted.
+    assert [g.request_id
+            for g in harness.scheduler.running] == ["new", child_id]
+
+    for _ in range(20):
+        harness.step()
+        if harness.last_outputs.preempted:
+            break
+    else:
+        raise AssertionError("the cache never ran out")
+    preempted = {"new", child_id} & set(waiting_ids(harness))
+    assert preempted == ({"new"} if critical_path_first else {child_id})
+
+
+def test_children_take_their_roots_arrival_time_and_priority(
+        tiny_tokenizer_path, hook_ids):
+    harness = make_harness(tiny_tokenizer_path, hook_ids,
+                           {"policy": "priority"})
+    root = harness.add("root", PROMPT, params(), priority=3)
+    harness.step()
+    harness.step({"root": hook_ids.promise})
+    child = harness.live_group(children_of(root)[0].request_id)
+    harness.step({child.request_id: hook_ids.promise})
+    grandchild = harness.live_group(
+        children_of(root)[0].children[0].request_id)
+    for group in (child, grandchild):
+        assert group.arrival_time == root.arrival_time
+        assert group.metrics.arrival_time == root.arrival_time
+        assert group.priority == 3
+
+
+def test_with_the_priority_policy_priority_comes_before_the_critical_path(
+        tiny_tokenizer_path, hook_ids):
+    harness = make_harness(tiny_tokenizer_path, hook_ids, {
+        "max_num_seqs": 2,
+        "policy": "priority"
+    })
+    parent = harness.add("parent", PROMPT, params(), priority=1)
+    harness.add("busy", PROMPT, params(), priority=1)
+    harness.step()
+    harness.add("same", PROMPT, params(), priority=1)
+    harness.add("urgent", PROMPT, params(), priority=0)
+    harness.step({"parent": hook_ids.promise})
+    [child_id] = [node.request_id for node in children_of(parent)]
+    harness.step({"parent": hook_ids.sync})
+
+    scheduled = {s.request_id for s in harness.step()}
+    assert "urgent" in scheduled
+    # Of equal priority, the child goes before the new request.
+    assert waiting_ids(harness) == [child_id, "same"]
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_steps_passed_over", 0, "max_steps_passed_over must be >= 1"),
+    ("max_steps_passed_over", 1.5, "valid integer"),
+    ("critical_path_first", "yes", "valid boolean"),
+])
+def test_bad_scheduling_options_are_refused(hook_ids, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        SpecialKwargs(sync_token_id=hook_ids.sync,
+                      promise_token_id=hook_ids.promise,
+                      **{field: value})
+
+
+# On the real engine: two running slots, one parent whose children must
+# queue, a long plain request holding the other slot, and a new request that
+# arrives before the children do.
+NUM_CHILDREN = 4
+CHILD_TOKENS = 12
+BOUND = 5
+
+
+@pytest.fixture(scope="module")
+def two_slot_llm(tiny_model_path, hook_ids):
+    return tiny_llm(tiny_model_path,
+                    special_kwargs=SpecialKwargs(
+                        sync_token_id=hook_ids.sync,
+                        promise_token_id=hook_ids.promise,
+                        child_role_token_id=hook_ids.child,
+                        max_steps_passed_over=BOUND),
+                    max_num_seqs=2)
+
+
+def contended_programs(ids):
+    fan_out = {
+        (): [None] + [ids.promise] * NUM_CHILDREN + [ids.sync] + [None] * 4,
+        **{
+            (i, ): [None] * CHILD_TOKENS
+            for i in range(NUM_CHILDREN)
+        }
+    }
+    return [fan_out, {(): [None] * 60}, {(): [None] * 8}]
+
+
+def test_engine_orders_children_first_within_the_bound(two_slot_llm,
+                                                       hooked_llm, hook_ids):
+    engine = two_slot_llm.llm_engine
+    prompts = ["the cat sees", "one two three", "big red dog"]
+    plans = contended_programs(hook_ids)
+
+    def add(i):
+        engine.add_request(
+            f"r{i}", prompts[i],
+            SamplingParams(temperature=0.0,
+                           max_tokens=64,
+                           logits_processors=[scripted(plans[i], hook_ids)]))
+
+    outputs = {}
+    with ScheduleRecorder(engine.scheduler[0]) as recorder:
+        add(0)
+        add(1)
+        engine.step()
+        # The new request arrives while both slots are taken, before the
+        # parent's first promise.
+        add(2)
+        for _ in range(500):
+            if not engine.has_unfinished_requests():
+                break
+            outputs.update(
+                (o.request_id, o) for o in engine.step() if o.finished)
+    first_step = {}
+    for index, step in enumerate(recorder.steps):
+        for chunk in step.chunks:
+            first_step.setdefault(chunk.request_id, index)
+    children = sorted((first_step[r], r) for r in first_step if "/" in r)
+    assert len(children) == NUM_CHILDREN
+    # The first child went ahead of the earlier new request; once that had
+    # waited behind children for the bound, it went before the rest.
+    assert children[0][0] < first_step["r2"] < children[1][0]
+    # Same outputs as on a roomy engine.
+    roomy = run_hooked(hooked_llm, hook_ids, prompts, plans)
+    for i, expected in enumerate(roomy):
+        got = outputs[f"r{i}"]
+        assert got.outputs[0].token_ids == expected.outputs[0].token_ids
+        assert got.outputs[0].finish_reason == "stop"
+    engine.step()  # the engine forgets finished ids at its next step
+    assert_engine_clean(two_slot_llm)
