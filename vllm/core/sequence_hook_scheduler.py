@@ -52,7 +52,8 @@ class SequenceHookScheduler(Scheduler):
         # The engine's coordinator of promise trees, once attached.
         self.coordinator: Optional[PromiseTreeCoordinator] = None
         # Steps each queued group (by request id) has been passed over by
-        # critical-path work; only groups still queued are kept.
+        # critical-path work; only groups still queued, and only once
+        # passed over.
         self.steps_passed_over: Dict[str, int] = {}
 
     def attach_coordinator(self,
@@ -152,42 +153,51 @@ class SequenceHookScheduler(Scheduler):
         Upstream's chunked-prefill scheduling (the only one hooks use)
         schedules the running queue front to back, preempts from its back
         when blocks run out, then admits waiting groups front to back until
-        one does not fit. Sorting both queues (stably) by `_sort_key`
+        one does not fit. Sorting both queues (stably) by rank (`_sorted`)
         therefore admits critical-path work before new requests and preempts
         it last. A new group waiting behind critical-path work is passed over
         for this step; after `max_steps_passed_over` such steps it goes
         first.
         """
         assert self.coordinator is not None
-        bound = self.coordinator.special_kwargs.max_steps_passed_over
+        queued = [*self.waiting, *self.running, *self.swapped]
+        if not self.steps_passed_over and all(
+                seq_group.first_seq.promise_tree is None
+                for seq_group in queued):
+            # No tree, no debt: the stock order, at the cost of one scan.
+            return
+        live = {seq_group.request_id for seq_group in queued}
         self.steps_passed_over = {
-            seq_group.request_id:
-            self.steps_passed_over.get(seq_group.request_id, 0)
-            for queue in (self.waiting, self.running, self.swapped)
-            for seq_group in queue
+            request_id: steps
+            for request_id, steps in self.steps_passed_over.items()
+            if request_id in live
         }
+        bound = self.coordinator.special_kwargs.max_steps_passed_over
         self.running = deque(
-            seq_group for _, _, seq_group in self._sorted(self.running, bound))
+            seq_group for _, seq_group in self._sorted(self.running, bound))
         ordered = self._sorted(self.waiting, bound)
         behind_critical = False
-        for rank, _, seq_group in ordered:
+        for rank, seq_group in ordered:
             if rank == self.CRITICAL:
                 behind_critical = True
             elif rank == self.NEW and behind_critical:
-                self.steps_passed_over[seq_group.request_id] += 1
-        self.waiting = deque(seq_group for _, _, seq_group in ordered)
+                request_id = seq_group.request_id
+                self.steps_passed_over[request_id] = (
+                    self.steps_passed_over.get(request_id, 0) + 1)
+        self.waiting = deque(seq_group for _, seq_group in ordered)
 
     # Ranks of queued groups, first to last: passed over too often, on a
     # critical path, neither.
     OVERDUE, CRITICAL, NEW = 0, 1, 2
 
     def _sorted(self, queue: Iterable[SequenceGroup],
-                bound: int) -> List[Tuple[int, int, SequenceGroup]]:
-        """(rank, stock index, group) of a queue's groups, in their order.
+                bound: int) -> List[Tuple[int, SequenceGroup]]:
+        """(rank, group) of a queue's groups, in the order to schedule them.
 
-        With the priority policy the user's priority comes first and the
-        arrival time last, as in upstream's `_get_priority`, the rank in
-        between; with FCFS the rank alone, the stock order within a rank.
+        With FCFS the rank alone decides (the sort is stable: the stock
+        order within a rank). With the priority policy the user's priority
+        comes first and the arrival time last, as in upstream's
+        `_get_priority`, the rank in between.
 
         Args:
             queue: A queue in its stock order.
@@ -195,22 +205,21 @@ class SequenceHookScheduler(Scheduler):
         """
         assert self.coordinator is not None
         entries = []
-        for stock_index, seq_group in enumerate(queue):
-            if self.steps_passed_over[seq_group.request_id] >= bound:
+        for seq_group in queue:
+            if self.steps_passed_over.get(seq_group.request_id, 0) >= bound:
                 rank = self.OVERDUE
             elif self.coordinator.on_critical_path(seq_group):
                 rank = self.CRITICAL
             else:
                 rank = self.NEW
-            entries.append((rank, stock_index, seq_group))
+            entries.append((rank, seq_group))
         if self.scheduler_config.policy == "priority":
             return sorted(entries, key=self._priority_key)
-        return sorted(entries, key=lambda entry: entry[:2])
+        return sorted(entries, key=lambda entry: entry[0])
 
     def _priority_key(
-        self, entry: Tuple[int, int,
-                           SequenceGroup]) -> Tuple[Optional[int], int, float]:
-        rank, _, seq_group = entry
+            self, entry: Tuple[int, SequenceGroup]) -> Tuple[int, int, float]:
+        rank, seq_group = entry
         priority, arrival_time = self._get_priority(seq_group)
         return priority, rank, arrival_time
 
