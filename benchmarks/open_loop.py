@@ -33,8 +33,10 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 
 from sequence_hooks_testkit.bench import prepare, report
+from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from sequence_hooks_testkit.scripted_hooks import ScriptedHooks
 
 # The sides compared, by their `critical_path_first` setting.
@@ -159,6 +161,8 @@ def hook_setup(args, workload: Workload):
     }
     if args.block_size:
         engine_args["block_size"] = args.block_size
+    if args.num_gpu_blocks:
+        engine_args["num_gpu_blocks_override"] = args.num_gpu_blocks
     hooks = {
         "sync_token_id": ids.sync,
         "promise_token_id": ids.promise,
@@ -184,8 +188,15 @@ def summary(samples: list[tuple[str, float]]) -> dict:
             if kind in ("all", sample_kind)
         ]
         for q in (50, 99):
-            row[f"{kind}_p{q}_s"] = round(percentile(values, q / 100), 3)
+            row[f"{kind}_p{q}_s"] = (round(percentile(values, q / 100), 3)
+                                     if values else None)
     return row
+
+
+def count_step(counts: list[int], outputs) -> None:
+    """Adds a step and the groups it scheduled to ``counts``."""
+    counts[0] += 1
+    counts[1] += len(outputs.scheduled_seq_groups)
 
 
 def run(args) -> None:
@@ -233,6 +244,8 @@ def run(args) -> None:
 
     per_side: dict[str, list[tuple[str, float]]] = {side: [] for side in llms}
     preemptions = {side: 0 for side in llms}
+    # Engine steps and groups scheduled in them, per side.
+    steps = {side: [0, 0] for side in llms}
     for trial in range(args.trials):
         # ABBA: each side goes first in every other trial.
         order = list(llms) if trial % 2 == 0 else list(reversed(llms))
@@ -243,8 +256,9 @@ def run(args) -> None:
                 Arrival(a.offset, f"t{trial}-{a.request_id}", a.kind, a.prompt)
                 for a in schedule
             ]
-            latencies = run_open_loop(llms[side], trial_schedule, make_params,
-                                      max_steps)
+            with ScheduleRecorder(scheduler, partial(count_step, steps[side])):
+                latencies = run_open_loop(llms[side], trial_schedule,
+                                          make_params, max_steps)
             preemptions[side] += scheduler.num_cumulative_preemption - before
             samples = [(a.kind, latencies[a.request_id])
                        for a in trial_schedule]
@@ -258,17 +272,19 @@ def run(args) -> None:
             "dtype": args.dtype,
             "block_size": block_size,
             "max_num_seqs": args.max_num_seqs,
-            "rate_per_s": round(rate, 2),
+            "rate_per_sec": round(rate, 2),
             "requests": len(samples),
             "preemptions": preemptions[side],
+            "steps": steps[side][0],
+            "seqs_per_step": round(steps[side][1] / steps[side][0], 2),
             **summary(samples)
         })
     on, off = rows
     rows.append({
         "side": "stock_order / critical_path",
         **{
-            key: round(off[key] / on[key], 2) if on[key] else None
-            for key in on if key.endswith("_s")
+            key: round(off[key] / on[key], 2) if on[key] and off[key] else None
+            for key in on if key.endswith("_s") or key == "steps"
         }
     })
     for key in rows[0]:
@@ -286,6 +302,10 @@ def main() -> None:
                         type=int,
                         help="KV block size (default: the platform's)")
     parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--num-gpu-blocks",
+                        type=int,
+                        help="KV blocks (default: what the KV cache space "
+                        "gives), to make blocks scarce")
     parser.add_argument("--duration",
                         type=float,
                         default=20.0,
