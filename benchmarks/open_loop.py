@@ -39,6 +39,8 @@ from sequence_hooks_testkit.bench import prepare, report
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from sequence_hooks_testkit.scripted_hooks import ScriptedHooks
 
+# Arrivals per trial, in each clock's unit.
+DEFAULT_DURATION = {"steps": 1000.0, "seconds": 30.0}
 # The sides compared, by their `critical_path_first` setting.
 SIDES = {"critical_path": True, "stock_order": False}
 PROMPTS = ["the cat sees", "one two three", "big red dog", "a small bird"]
@@ -95,7 +97,36 @@ def arrivals(num: int, rate: float, workload: Workload,
     ]
 
 
-def run_open_loop(llm, schedule: list[Arrival], make_params,
+class Clock:
+    """The time of an open-loop run: wall seconds, or engine steps.
+
+    In steps, arrivals and latencies do not depend on what else runs on the
+    machine; an idle engine jumps to the next arrival.
+
+    Args:
+        unit: "seconds" or "steps".
+    """
+
+    def __init__(self, unit: str):
+        self.unit = unit
+        self.start = time.perf_counter()
+        # Engine steps so far, plus the idle gaps jumped over.
+        self.steps = 0.0
+
+    def now(self) -> float:
+        if self.unit == "seconds":
+            return time.perf_counter() - self.start
+        return self.steps
+
+    def wait_until(self, moment: float) -> None:
+        """Lets an idle engine wait for the arrival at ``moment``."""
+        if self.unit == "seconds":
+            time.sleep(max(0.0, moment - self.now()))
+        else:
+            self.steps = max(self.steps, moment)
+
+
+def run_open_loop(llm, schedule: list[Arrival], make_params, unit: str,
                   max_steps: int) -> dict[str, float]:
     """Feeds ``schedule`` to ``llm``'s engine as time passes.
 
@@ -103,30 +134,32 @@ def run_open_loop(llm, schedule: list[Arrival], make_params,
         llm: The `LLM` to run on.
         schedule: The arrivals, by offset.
         make_params: Sampling parameters of an arrival.
+        unit: The clock's unit, "seconds" or "steps".
         max_steps: Steps after which the run fails instead of hanging.
 
     Returns:
-        Latency in seconds per request id, from its scheduled arrival.
+        Latency per request id, from its scheduled arrival, in ``unit``.
     """
     engine = llm.llm_engine
     pending = deque(schedule)
     offsets = {arrival.request_id: arrival.offset for arrival in schedule}
     latencies: dict[str, float] = {}
-    start = time.perf_counter()
+    clock = Clock(unit)
     for _ in range(max_steps):
-        now = time.perf_counter() - start
-        while pending and pending[0].offset <= now:
+        while pending and pending[0].offset <= clock.now():
             arrival = pending.popleft()
             engine.add_request(arrival.request_id, arrival.prompt,
                                make_params(arrival))
         if not engine.has_unfinished_requests():
             if not pending:
                 return latencies
-            time.sleep(max(0.0, pending[0].offset - now))
+            clock.wait_until(pending[0].offset)
             continue
-        for output in engine.step():
+        outputs = engine.step()
+        clock.steps += 1
+        for output in outputs:
             if output.finished:
-                latencies[output.request_id] = (time.perf_counter() - start -
+                latencies[output.request_id] = (clock.now() -
                                                 offsets[output.request_id])
     raise RuntimeError(f"not finished after {max_steps} steps")
 
@@ -188,8 +221,8 @@ def summary(samples: list[tuple[str, float]]) -> dict:
             if kind in ("all", sample_kind)
         ]
         for q in (50, 99):
-            row[f"{kind}_p{q}_s"] = (round(percentile(values, q / 100), 3)
-                                     if values else None)
+            row[f"{kind}_p{q}"] = (round(percentile(values, q / 100), 3)
+                                   if values else None)
     return row
 
 
@@ -201,6 +234,7 @@ def count_step(counts: list[int], outputs) -> None:
 
 def run(args) -> None:
     """Calibrates the rate, runs the trials, reports."""
+    unit = args.clock[:-1]
     from sequence_hooks_testkit.engines import tiny_llm
     from vllm import SamplingParams
     workload = Workload(args.fan_out_share, args.k, args.m, 8, 8)
@@ -232,14 +266,16 @@ def run(args) -> None:
         burst = arrivals(burst_size, float("inf"), workload, args.seed)
         for arrival in burst:
             arrival.request_id = f"burst-{side}-{arrival.request_id}"
-        latencies = run_open_loop(llm, burst, make_params, max_steps)
+        latencies = run_open_loop(llm, burst, make_params, args.clock,
+                                  max_steps)
         capacities.append(burst_size / max(latencies.values()))
     rate = args.rate or args.load * statistics.mean(capacities)
-    schedule = arrivals(max(1, int(rate * args.duration)), rate, workload,
+    duration = args.duration or DEFAULT_DURATION[args.clock]
+    schedule = arrivals(max(1, int(rate * duration)), rate, workload,
                         args.seed)
     print(
-        f"capacity {statistics.mean(capacities):.2f} req/s, rate "
-        f"{rate:.2f} req/s, {len(schedule)} requests per trial",
+        f"capacity {statistics.mean(capacities):.4f} requests per "
+        f"{unit}, rate {rate:.4f}, {len(schedule)} requests per trial",
         flush=True)
 
     per_side: dict[str, list[tuple[str, float]]] = {side: [] for side in llms}
@@ -258,7 +294,7 @@ def run(args) -> None:
             ]
             with ScheduleRecorder(scheduler, partial(count_step, steps[side])):
                 latencies = run_open_loop(llms[side], trial_schedule,
-                                          make_params, max_steps)
+                                          make_params, args.clock, max_steps)
             preemptions[side] += scheduler.num_cumulative_preemption - before
             samples = [(a.kind, latencies[a.request_id])
                        for a in trial_schedule]
@@ -272,7 +308,8 @@ def run(args) -> None:
             "dtype": args.dtype,
             "block_size": block_size,
             "max_num_seqs": args.max_num_seqs,
-            "rate_per_sec": round(rate, 2),
+            "clock": args.clock,
+            f"rate_per_{unit}": round(rate, 4),
             "requests": len(samples),
             "preemptions": preemptions[side],
             "steps": steps[side][0],
@@ -284,7 +321,7 @@ def run(args) -> None:
         "side": "stock_order / critical_path",
         **{
             key: round(off[key] / on[key], 2) if on[key] and off[key] else None
-            for key in on if key.endswith("_s") or key == "steps"
+            for key in on if key.endswith(("_p50", "_p99")) or key == "steps"
         }
     })
     for key in rows[0]:
@@ -306,10 +343,16 @@ def main() -> None:
                         type=int,
                         help="KV blocks (default: what the KV cache space "
                         "gives), to make blocks scarce")
+    parser.add_argument("--clock",
+                        choices=list(DEFAULT_DURATION),
+                        default="steps",
+                        help="time arrivals and latencies in engine steps "
+                        "(not moved by other load on the machine) or in "
+                        "wall seconds")
     parser.add_argument("--duration",
                         type=float,
-                        default=20.0,
-                        help="seconds of arrivals per trial")
+                        help="time of arrivals per trial, in the clock's "
+                        "unit (default: 30 seconds or 1000 steps)")
     parser.add_argument("--trials", type=int, default=2)
     parser.add_argument("--load",
                         type=float,
