@@ -10,6 +10,8 @@ the real engine with scripted programs and check the order of the steps
 and the outputs against a roomy engine.
 """
 
+import time
+
 import pytest
 
 from sequence_hooks_testkit.engines import (assert_engine_clean, run_hooked,
@@ -76,16 +78,28 @@ def test_child_of_a_parked_parent_is_admitted_before_a_new_request(
         assert waiting_ids(harness) == [child_id]
 
 
-@pytest.mark.parametrize("bound", [3, 64])
-def test_new_request_goes_first_once_passed_over_for_the_bound(
-        tiny_tokenizer_path, hook_ids, bound):
+@pytest.mark.parametrize("bound, new_arrived_first, goes_first", [
+    (3, True, "new"),
+    (64, True, "child"),
+    (3, False, "child"),
+])
+def test_new_request_is_passed_over_at_most_for_the_bound(
+        tiny_tokenizer_path, hook_ids, bound, new_arrived_first, goes_first):
+    """Once passed over for the bound, a request goes before the trees of
+    requests that arrived after it, never before earlier ones'."""
     harness = make_harness(tiny_tokenizer_path,
                            hook_ids, {"max_num_seqs": 2},
                            max_steps_passed_over=bound)
     parent = harness.add("parent", PROMPT, params())
     harness.add("busy", PROMPT, params())
     harness.step()
-    harness.add("new", PROMPT, params())
+    # Added after the parent, as the engine got it; its arrival time says
+    # when it arrived.
+    harness.add("new",
+                PROMPT,
+                params(),
+                arrival_time=parent.arrival_time +
+                (-1.0 if new_arrived_first else 1.0))
     for _ in range(3):
         harness.step({"parent": hook_ids.promise})
     first, second, third = [node.request_id for node in children_of(parent)]
@@ -103,7 +117,7 @@ def test_new_request_goes_first_once_passed_over_for_the_bound(
 
     # A slot is free again.
     scheduled = {s.request_id for s in harness.step()}
-    if bound == 3:
+    if goes_first == "new":
         assert "new" in scheduled and second not in scheduled
         assert waiting_ids(harness) == [second, third]
     else:
@@ -227,21 +241,26 @@ def test_engine_orders_children_first_within_the_bound(two_slot_llm,
     prompts = ["the cat sees", "one two three", "big red dog"]
     plans = contended_programs(hook_ids)
 
-    def add(i):
+    def add(i, arrival_time):
         engine.add_request(
-            f"r{i}", prompts[i],
+            f"r{i}",
+            prompts[i],
             SamplingParams(temperature=0.0,
                            max_tokens=64,
-                           logits_processors=[scripted(plans[i], hook_ids)]))
+                           logits_processors=[scripted(plans[i], hook_ids)]),
+            arrival_time=arrival_time)
 
     outputs = {}
     with ScheduleRecorder(engine.scheduler[0]) as recorder:
-        add(0)
-        add(1)
+        start = time.time()
+        add(0, start)
+        add(1, start)
         engine.step()
-        # The new request arrives while both slots are taken, before the
-        # parent's first promise.
-        add(2)
+        # The new request reaches the engine while both slots are taken,
+        # before the parent's first promise; it arrived before the parent's
+        # request (at a server, say), so the bound lets it go before the
+        # parent's later children.
+        add(2, start - 1.0)
         for _ in range(500):
             if not engine.has_unfinished_requests():
                 break

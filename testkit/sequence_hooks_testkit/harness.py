@@ -100,8 +100,10 @@ class HookHarness:
             request_id: str,
             prompt: str,
             params: SamplingParams,
-            priority: int = 0) -> SequenceGroup:
-        """Adds a request, as `LLMEngine.add_request` would."""
+            priority: int = 0,
+            arrival_time: Optional[float] = None) -> SequenceGroup:
+        """Adds a request, as `LLMEngine.add_request` would (arrival time
+        now unless given)."""
         prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         seq = Sequence(next(self.seq_counter),
                        token_inputs(prompt_token_ids=prompt_ids,
@@ -109,7 +111,7 @@ class HookHarness:
                        self.block_size,
                        eos_token_id=self.tokenizer.eos_token_id)
         group = SequenceGroup(request_id, [seq],
-                              time.time(),
+                              arrival_time or time.time(),
                               params,
                               priority=priority)
         self.scheduler.add_seq_group(group)

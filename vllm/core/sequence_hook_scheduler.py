@@ -153,11 +153,12 @@ class SequenceHookScheduler(Scheduler):
         Upstream's chunked-prefill scheduling (the only one hooks use)
         schedules the running queue front to back, preempts from its back
         when blocks run out, then admits waiting groups front to back until
-        one does not fit. Sorting both queues (stably) by rank (`_sorted`)
-        therefore admits critical-path work before new requests and preempts
-        it last. A new group waiting behind critical-path work is passed over
-        for this step; after `max_steps_passed_over` such steps it goes
-        first.
+        one does not fit. Sorting both queues by `_sort_key` therefore
+        admits critical-path work before new requests and preempts it last.
+        A new group waiting behind critical-path work is passed over for
+        this step; after `max_steps_passed_over` such steps it is overdue:
+        it ranks with critical-path work, by arrival time, so only the trees
+        of requests that arrived before it still go first.
         """
         assert self.coordinator is not None
         queued = [*self.waiting, *self.running, *self.swapped]
@@ -186,18 +187,13 @@ class SequenceHookScheduler(Scheduler):
                     self.steps_passed_over.get(request_id, 0) + 1)
         self.waiting = deque(seq_group for _, seq_group in ordered)
 
-    # Ranks of queued groups, first to last: passed over too often, on a
-    # critical path, neither.
-    OVERDUE, CRITICAL, NEW = 0, 1, 2
+    # What a queued group is: on a critical path, a new group passed over
+    # for the bound, or a new group.
+    CRITICAL, OVERDUE, NEW = 0, 1, 2
 
     def _sorted(self, queue: Iterable[SequenceGroup],
                 bound: int) -> List[Tuple[int, SequenceGroup]]:
         """(rank, group) of a queue's groups, in the order to schedule them.
-
-        With FCFS the rank alone decides (the sort is stable: the stock
-        order within a rank). With the priority policy the user's priority
-        comes first and the arrival time last, as in upstream's
-        `_get_priority`, the rank in between.
 
         Args:
             queue: A queue in its stock order.
@@ -206,22 +202,27 @@ class SequenceHookScheduler(Scheduler):
         assert self.coordinator is not None
         entries = []
         for seq_group in queue:
-            if self.steps_passed_over.get(seq_group.request_id, 0) >= bound:
-                rank = self.OVERDUE
-            elif self.coordinator.on_critical_path(seq_group):
+            if self.coordinator.on_critical_path(seq_group):
                 rank = self.CRITICAL
+            elif self.steps_passed_over.get(seq_group.request_id, 0) >= bound:
+                rank = self.OVERDUE
             else:
                 rank = self.NEW
             entries.append((rank, seq_group))
-        if self.scheduler_config.policy == "priority":
-            return sorted(entries, key=self._priority_key)
-        return sorted(entries, key=lambda entry: entry[0])
+        # Stable: new groups keep their stock order.
+        return sorted(entries, key=self._sort_key)
 
-    def _priority_key(
-            self, entry: Tuple[int, SequenceGroup]) -> Tuple[int, int, float]:
+    def _sort_key(self, entry: Tuple[int, SequenceGroup]) -> tuple:
+        """Critical-path and overdue groups first, by arrival time (a
+        child's is its root's), then new groups. With the priority policy
+        the user's priority comes first, as in upstream's `_get_priority`.
+        """
         rank, seq_group = entry
         priority, arrival_time = self._get_priority(seq_group)
-        return priority, rank, arrival_time
+        key = ((0, arrival_time) if rank != self.NEW else (1, 0.0))
+        if self.scheduler_config.policy == "priority":
+            return (priority, *key)
+        return key
 
     def free_finished_seq_groups(self) -> None:
         super().free_finished_seq_groups()
