@@ -3,26 +3,32 @@
 """Open-loop mixed workload: critical-path scheduling on and off.
 
 Requests arrive at a fixed rate, whatever the engine is doing, for a
-bounded time: a mix of fan-out requests (a parent promises k children of m
-tokens, syncs, writes n more) and plain ones (as many tokens as a fan-out
-writes on its critical path), in a fixed order drawn from a seed. Every
-sequence is scripted (hooks forced, the rest free with special tokens
-masked), so both sides compute the same tokens.
+bounded time: a mix of fan-out requests (a parent writes 8 tokens,
+promises k children of m tokens, syncs, writes 8 more) and plain ones (as
+many tokens as a fan-out's parent writes plus one child's m), in an order
+drawn from a seed. Every sequence is scripted (hooks forced, the rest free
+with special tokens masked), so both sides compute the same tokens.
 
 Two hooked engines in one process differ only in
-`SpecialKwargs.critical_path_first`; `--max-num-seqs` makes running slots
-scarce. The rate is `--load` times the capacity measured first on a burst
-of the same mix (both sides, averaged), unless `--rate` is given. Trials
-alternate sides (on, off, on, off, ...) over the same arrival schedule; a
-request's latency runs from its scheduled arrival to its final output.
-Reports p50/p99 latency per side, for all requests and per kind, and the
-ratios off / on. Prints a table and writes JSON.
+`SpecialKwargs.critical_path_first`. `--max-num-seqs` makes running slots
+scarce, `--num-gpu-blocks` (with `--block-size`) KV blocks. The clock is
+engine steps by default: arrivals come every 1/rate steps and latencies
+are counted in steps, so the figures do not move with other load on the
+machine (`--clock seconds` for wall time). Each rate in `--loads` is a
+multiple of the capacity measured first on a burst of the same mix (both
+sides, averaged). For each rate, trials alternate sides (ABBA) over the
+same arrival schedule; a request's latency runs from its scheduled arrival
+to its final output. Reports, per side and rate, p50/p99 latency for all
+requests and per kind, engine steps, sequences per step, preemptions, and
+the ratios stock order / critical path. Prints a table and writes JSON.
 
-A client-side join side (helper P's peer client) can be added as a third
-entry of `SIDES`, run by the same `run_open_loop` driver.
+A client-side join (helper P's peer client) can be a third side: a driver
+with `run_open_loop`'s contract (the schedule in, latency per request out,
+same clock) over a stock engine, added to `compare`.
 
-Usage: .venv/bin/python benchmarks/open_loop.py [--duration 20]
-    [--trials 2] [--load 0.9] [--max-num-seqs 8] [--model DIR --dtype D]
+Usage: .venv/bin/python benchmarks/open_loop.py [--loads 0.8 1.0 1.2]
+    [--trials 2] [--max-num-seqs 8] [--block-size B --num-gpu-blocks N]
+    [--clock steps|seconds] [--duration D] [--model DIR --dtype D]
     [--out open_loop.json]
 """
 
@@ -257,7 +263,6 @@ def run(args) -> None:
         for side, engine_args in side_args.items()
     }
     block_size = llms["critical_path"].llm_engine.cache_config.block_size
-    max_steps = 200000
 
     # Capacity: a burst of the same mix, all at once, on each side.
     burst_size = 4 * args.max_num_seqs
@@ -266,18 +271,40 @@ def run(args) -> None:
         burst = arrivals(burst_size, float("inf"), workload, args.seed)
         for arrival in burst:
             arrival.request_id = f"burst-{side}-{arrival.request_id}"
-        latencies = run_open_loop(llm, burst, make_params, args.clock,
-                                  max_steps)
+        latencies = run_open_loop(llm,
+                                  burst,
+                                  make_params,
+                                  args.clock,
+                                  max_steps=200000)
         capacities.append(burst_size / max(latencies.values()))
-    rate = args.rate or args.load * statistics.mean(capacities)
+    capacity = statistics.mean(capacities)
+    print(f"capacity {capacity:.4f} requests per {unit}", flush=True)
     duration = args.duration or DEFAULT_DURATION[args.clock]
-    schedule = arrivals(max(1, int(rate * duration)), rate, workload,
-                        args.seed)
-    print(
-        f"capacity {statistics.mean(capacities):.4f} requests per "
-        f"{unit}, rate {rate:.4f}, {len(schedule)} requests per trial",
-        flush=True)
+    rows = []
+    for load in args.loads:
+        rate = load * capacity
+        schedule = arrivals(max(1, int(rate * duration)), rate, workload,
+                            args.seed)
+        setting = {
+            "dtype": args.dtype,
+            "block_size": block_size,
+            "max_num_seqs": args.max_num_seqs,
+            "clock": args.clock,
+            "load": load,
+            f"rate_per_{unit}": round(rate, 4),
+        }
+        rows += compare(llms, schedule, make_params, args, setting)
+    report(rows, args.out)
 
+
+def compare(llms, schedule: list[Arrival], make_params, args,
+            setting: dict) -> list[dict]:
+    """Runs ``schedule`` on every side, alternating, ``args.trials`` times.
+
+    Returns:
+        A row per side and the row of ratios stock order / critical path.
+    """
+    max_steps = 200000
     per_side: dict[str, list[tuple[str, float]]] = {side: [] for side in llms}
     preemptions = {side: 0 for side in llms}
     # Engine steps and groups scheduled in them, per side.
@@ -289,8 +316,8 @@ def run(args) -> None:
             scheduler = llms[side].llm_engine.scheduler[0]
             before = scheduler.num_cumulative_preemption
             trial_schedule = [
-                Arrival(a.offset, f"t{trial}-{a.request_id}", a.kind, a.prompt)
-                for a in schedule
+                Arrival(a.offset, f"{setting['load']}-{trial}-{a.request_id}",
+                        a.kind, a.prompt) for a in schedule
             ]
             with ScheduleRecorder(scheduler, partial(count_step, steps[side])):
                 latencies = run_open_loop(llms[side], trial_schedule,
@@ -299,34 +326,34 @@ def run(args) -> None:
             samples = [(a.kind, latencies[a.request_id])
                        for a in trial_schedule]
             per_side[side] += samples
-            print(f"trial {trial} {side}: {json.dumps(summary(samples))}",
-                  flush=True)
+            print(
+                f"load {setting['load']} trial {trial} {side}: "
+                f"{json.dumps(summary(samples))}",
+                flush=True)
     rows = []
     for side, samples in per_side.items():
         rows.append({
             "side": side,
-            "dtype": args.dtype,
-            "block_size": block_size,
-            "max_num_seqs": args.max_num_seqs,
-            "clock": args.clock,
-            f"rate_per_{unit}": round(rate, 4),
-            "requests": len(samples),
+            **setting, "requests": len(samples),
             "preemptions": preemptions[side],
             "steps": steps[side][0],
             "seqs_per_step": round(steps[side][1] / steps[side][0], 2),
             **summary(samples)
         })
     on, off = rows
+    ratios = {
+        key: round(off[key] / on[key], 2) if on[key] and off[key] else None
+        for key in on if key.endswith(("_p50", "_p99")) or key == "steps"
+    }
     rows.append({
-        "side": "stock_order / critical_path",
         **{
-            key: round(off[key] / on[key], 2) if on[key] and off[key] else None
-            for key in on if key.endswith(("_p50", "_p99")) or key == "steps"
-        }
+            key: ""
+            for key in on
+        },
+        **setting, "side": "stock_order / critical_path",
+        **ratios
     })
-    for key in rows[0]:
-        rows[-1].setdefault(key, "")
-    report(rows, args.out)
+    return rows
 
 
 def main() -> None:
@@ -354,11 +381,12 @@ def main() -> None:
                         help="time of arrivals per trial, in the clock's "
                         "unit (default: 30 seconds or 1000 steps)")
     parser.add_argument("--trials", type=int, default=2)
-    parser.add_argument("--load",
+    parser.add_argument("--loads",
                         type=float,
-                        default=0.9,
-                        help="arrival rate as a share of measured capacity")
-    parser.add_argument("--rate", type=float, help="requests per second")
+                        nargs="+",
+                        default=[0.8, 1.0, 1.2],
+                        help="arrival rates, as shares of the capacity "
+                        "measured on a burst")
     parser.add_argument("--fan-out-share", type=float, default=0.5)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--m", type=int, default=32)

@@ -16,27 +16,13 @@ import pytest
 
 from sequence_hooks_testkit.engines import (assert_engine_clean, run_hooked,
                                             tiny_llm)
-from sequence_hooks_testkit.harness import HookHarness
+from sequence_hooks_testkit.harness import make_harness
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from vllm import SamplingParams
 from vllm.config import SpecialKwargs
 
 PROMPT = "the cat sees the dog"
-
-
-def make_harness(path, ids, harness_options=None, **hook_options):
-    """A harness over the tiny tokenizer with the hooks on.
-
-    Args:
-        harness_options: `HookHarness` arguments (cache size, lengths).
-        hook_options: Further `SpecialKwargs` fields.
-    """
-    return HookHarness(
-        path,
-        SpecialKwargs(sync_token_id=ids.sync,
-                      promise_token_id=ids.promise,
-                      **hook_options), **(harness_options or {}))
 
 
 def params(max_tokens=64):
@@ -51,15 +37,27 @@ def waiting_ids(harness):
     return [group.request_id for group in harness.scheduler.waiting]
 
 
-@pytest.mark.parametrize("critical_path_first", [True, False])
-def test_child_of_a_parked_parent_is_admitted_before_a_new_request(
-        tiny_tokenizer_path, hook_ids, critical_path_first):
-    harness = make_harness(tiny_tokenizer_path,
-                           hook_ids, {"max_num_seqs": 2},
-                           critical_path_first=critical_path_first)
+def two_slots_taken(tokenizer_path, ids, **hook_options):
+    """A harness with `max_num_seqs` = 2, both slots taken by requests
+    "parent" and "busy" after their prefill.
+
+    Returns:
+        The harness and the parent's group.
+    """
+    harness = make_harness(tokenizer_path, ids, {"max_num_seqs": 2},
+                           **hook_options)
     parent = harness.add("parent", PROMPT, params())
     harness.add("busy", PROMPT, params())
     harness.step()
+    return harness, parent
+
+
+@pytest.mark.parametrize("critical_path_first", [True, False])
+def test_child_of_a_parked_parent_is_admitted_before_a_new_request(
+        tiny_tokenizer_path, hook_ids, critical_path_first):
+    harness, parent = two_slots_taken(tiny_tokenizer_path,
+                                      hook_ids,
+                                      critical_path_first=critical_path_first)
     harness.add("new", PROMPT, params())
     harness.step({"parent": hook_ids.promise})
     [child_id] = [node.request_id for node in children_of(parent)]
@@ -87,12 +85,9 @@ def test_new_request_is_passed_over_at_most_for_the_bound(
         tiny_tokenizer_path, hook_ids, bound, new_arrived_first, goes_first):
     """Once passed over for the bound, a request goes before the trees of
     requests that arrived after it, never before earlier ones'."""
-    harness = make_harness(tiny_tokenizer_path,
-                           hook_ids, {"max_num_seqs": 2},
-                           max_steps_passed_over=bound)
-    parent = harness.add("parent", PROMPT, params())
-    harness.add("busy", PROMPT, params())
-    harness.step()
+    harness, parent = two_slots_taken(tiny_tokenizer_path,
+                                      hook_ids,
+                                      max_steps_passed_over=bound)
     # Added after the parent, as the engine got it; its arrival time says
     # when it arrived.
     harness.add("new",

@@ -204,3 +204,22 @@ class HookHarness:
                 if group.request_id == request_id:
                     return group
         return self.scheduler.blocked[request_id]
+
+
+def make_harness(path: Path,
+                 ids,
+                 harness_options: Optional[dict] = None,
+                 **hook_options) -> HookHarness:
+    """A harness over the tiny tokenizer with the hooks on.
+
+    Args:
+        path: Folder of the tiny tokenizer.
+        ids: Its `HookIds`.
+        harness_options: `HookHarness` arguments (cache size, lengths).
+        hook_options: Further `SpecialKwargs` fields.
+    """
+    return HookHarness(
+        path,
+        SpecialKwargs(sync_token_id=ids.sync,
+                      promise_token_id=ids.promise,
+                      **hook_options), **(harness_options or {}))
