@@ -9,26 +9,11 @@ tokens and stages, and the promise tree.
 
 import pytest
 
-from sequence_hooks_testkit.harness import HookHarness
-from vllm.config import SpecialKwargs
+from sequence_hooks_testkit.harness import make_harness
 from vllm.sampling_params import SamplingParams
 from vllm.sequence import SequenceStage, SequenceStatus
 
 PROMPT = "the cat sees the dog"
-
-
-def make_harness(path, ids, harness_options=None, **hook_options):
-    """A harness over the tiny tokenizer with the hooks on.
-
-    Args:
-        harness_options: `HookHarness` arguments (cache size, lengths).
-        hook_options: Further `SpecialKwargs` fields.
-    """
-    return HookHarness(
-        path,
-        SpecialKwargs(sync_token_id=ids.sync,
-                      promise_token_id=ids.promise,
-                      **hook_options), **(harness_options or {}))
 
 
 @pytest.fixture

@@ -50,6 +50,13 @@ class SpecialKwargs:
     """Children one request may spawn over its whole tree."""
     max_depth: int = 2
     """Deepest nesting of children: 1 means children may not promise."""
+    critical_path_first: bool = True
+    """Under contention, schedule the work a parked tree waits for (children
+    of parked parents, resumed parents) before new requests, and preempt it
+    last. False: the stock scheduling order."""
+    max_steps_passed_over: int = 64
+    """Engine steps a waiting request may be passed over by critical-path
+    work; after that it goes first (the starvation bound)."""
 
     @model_validator(mode="after")
     def _check(self) -> "SpecialKwargs":
@@ -76,7 +83,7 @@ class SpecialKwargs:
         if len(set(strings)) != len(strings):
             raise ValueError(f"special tokens must differ, got {strings}")
         for name in ("max_children_per_sequence", "max_children_per_request",
-                     "max_depth"):
+                     "max_depth", "max_steps_passed_over"):
             if getattr(self, name) < 1:
                 raise ValueError(
                     f"{name} must be >= 1, got {getattr(self, name)}")

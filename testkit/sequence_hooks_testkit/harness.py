@@ -51,6 +51,7 @@ class HookHarness:
         num_gpu_blocks: KV blocks in the pool.
         max_model_len: Longest sequence.
         max_num_seqs: Most sequences running at once.
+        policy: The scheduling policy, "fcfs" or "priority".
     """
 
     def __init__(self,
@@ -59,12 +60,14 @@ class HookHarness:
                  block_size: int = 4,
                  num_gpu_blocks: int = 64,
                  max_model_len: int = 128,
-                 max_num_seqs: int = 32):
+                 max_num_seqs: int = 32,
+                 policy: str = "fcfs"):
         scheduler_config = SchedulerConfig("generate",
                                            max_num_batched_tokens=256,
                                            max_num_seqs=max_num_seqs,
                                            max_model_len=max_model_len,
-                                           enable_chunked_prefill=True)
+                                           enable_chunked_prefill=True,
+                                           policy=policy)
         cache_config = CacheConfig(block_size, 1.0, 1, "auto")
         cache_config.num_cpu_blocks = 8
         cache_config.num_gpu_blocks = num_gpu_blocks
@@ -93,16 +96,24 @@ class HookHarness:
         # Request ids of every output made: children's must never be here.
         self.output_request_ids: set[str] = set()
 
-    def add(self, request_id: str, prompt: str,
-            params: SamplingParams) -> SequenceGroup:
-        """Adds a request, as `LLMEngine.add_request` would."""
+    def add(self,
+            request_id: str,
+            prompt: str,
+            params: SamplingParams,
+            priority: int = 0,
+            arrival_time: Optional[float] = None) -> SequenceGroup:
+        """Adds a request, as `LLMEngine.add_request` would (arrival time
+        now unless given)."""
         prompt_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
         seq = Sequence(next(self.seq_counter),
                        token_inputs(prompt_token_ids=prompt_ids,
                                     prompt=prompt),
                        self.block_size,
                        eos_token_id=self.tokenizer.eos_token_id)
-        group = SequenceGroup(request_id, [seq], time.time(), params)
+        group = SequenceGroup(request_id, [seq],
+                              arrival_time or time.time(),
+                              params,
+                              priority=priority)
         self.scheduler.add_seq_group(group)
         return group
 
@@ -193,3 +204,22 @@ class HookHarness:
                 if group.request_id == request_id:
                     return group
         return self.scheduler.blocked[request_id]
+
+
+def make_harness(path: Path,
+                 ids,
+                 harness_options: Optional[dict] = None,
+                 **hook_options) -> HookHarness:
+    """A harness over the tiny tokenizer with the hooks on.
+
+    Args:
+        path: Folder of the tiny tokenizer.
+        ids: Its `HookIds`.
+        harness_options: `HookHarness` arguments (cache size, lengths).
+        hook_options: Further `SpecialKwargs` fields.
+    """
+    return HookHarness(
+        path,
+        SpecialKwargs(sync_token_id=ids.sync,
+                      promise_token_id=ids.promise,
+                      **hook_options), **(harness_options or {}))

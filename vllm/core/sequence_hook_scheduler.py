@@ -2,6 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A V0 scheduler that can park sequence groups while their children run."""
 
+from collections import deque
 from typing import (TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple,
                     Union)
 
@@ -28,9 +29,16 @@ class SequenceHookScheduler(Scheduler):
     when they resume), so a full cache never deadlocks. Selected through
     `SchedulerConfig.scheduler_cls`.
 
+    Under contention it puts the work a parked tree waits for first (see
+    `_order_queues`): children of parked parents and resumed parents are
+    admitted from the waiting queue before new requests and are the last
+    running groups preempted, within a bound on how long a new request may
+    be passed over.
+
     It reports to the engine's `PromiseTreeCoordinator` what it scheduled,
-    ignored and aborted; the coordinator drives it through `add_child`,
-    `prefill_tail`, `block`, `unblock` and `abort_seq_group`.
+    ignored and aborted, and asks it which groups are on a critical path;
+    the coordinator drives it through `add_child`, `prefill_tail`, `block`,
+    `unblock` and `abort_seq_group`.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -43,6 +51,10 @@ class SequenceHookScheduler(Scheduler):
         self._tails_to_prefill: List[Sequence] = []
         # The engine's coordinator of promise trees, once attached.
         self.coordinator: Optional[PromiseTreeCoordinator] = None
+        # Steps each queued group (by request id) has been passed over by
+        # critical-path work; only groups still queued, and only once
+        # passed over.
+        self.steps_passed_over: Dict[str, int] = {}
 
     def attach_coordinator(self,
                            coordinator: "PromiseTreeCoordinator") -> None:
@@ -125,12 +137,92 @@ class SequenceHookScheduler(Scheduler):
                 # (SequenceData.update_num_computed_tokens).
                 seq.data._stage = SequenceStage.PREFILL
         self._tails_to_prefill.clear()
+        if (self.coordinator is not None
+                and self.coordinator.special_kwargs.critical_path_first):
+            self._order_queues()
         self._evict_parked_if_stuck()
         metadata, outputs, allow_async = super().schedule()
         if self.coordinator is not None:
             self.coordinator.step_scheduled(outputs)
         self._report_kv_usage()
         return metadata, outputs, allow_async
+
+    def _order_queues(self) -> None:
+        """Puts critical-path work first in the waiting and running queues.
+
+        Upstream's chunked-prefill scheduling (the only one hooks use)
+        schedules the running queue front to back, preempts from its back
+        when blocks run out, then admits waiting groups front to back until
+        one does not fit. Sorting both queues by `_sort_key` therefore
+        admits critical-path work before new requests and preempts it last.
+        A new group waiting behind critical-path work is passed over for
+        this step; after `max_steps_passed_over` such steps it is overdue:
+        it ranks with critical-path work, by arrival time, so only the trees
+        of requests that arrived before it still go first.
+        """
+        assert self.coordinator is not None
+        queued = [*self.waiting, *self.running, *self.swapped]
+        if not self.steps_passed_over and all(
+                seq_group.first_seq.promise_tree is None
+                for seq_group in queued):
+            # No tree, no debt: the stock order, at the cost of one scan.
+            return
+        live = {seq_group.request_id for seq_group in queued}
+        self.steps_passed_over = {
+            request_id: steps
+            for request_id, steps in self.steps_passed_over.items()
+            if request_id in live
+        }
+        bound = self.coordinator.special_kwargs.max_steps_passed_over
+        self.running = deque(
+            seq_group for _, seq_group in self._sorted(self.running, bound))
+        ordered = self._sorted(self.waiting, bound)
+        behind_critical = False
+        for rank, seq_group in ordered:
+            if rank == self.CRITICAL:
+                behind_critical = True
+            elif rank == self.NEW and behind_critical:
+                request_id = seq_group.request_id
+                self.steps_passed_over[request_id] = (
+                    self.steps_passed_over.get(request_id, 0) + 1)
+        self.waiting = deque(seq_group for _, seq_group in ordered)
+
+    # What a queued group is: on a critical path, a new group passed over
+    # for the bound, or a new group.
+    CRITICAL, OVERDUE, NEW = 0, 1, 2
+
+    def _sorted(self, queue: Iterable[SequenceGroup],
+                bound: int) -> List[Tuple[int, SequenceGroup]]:
+        """(rank, group) of a queue's groups, in the order to schedule them.
+
+        Args:
+            queue: A queue in its stock order.
+            bound: Steps passed over that make a group overdue.
+        """
+        assert self.coordinator is not None
+        entries = []
+        for seq_group in queue:
+            if self.coordinator.on_critical_path(seq_group):
+                rank = self.CRITICAL
+            elif self.steps_passed_over.get(seq_group.request_id, 0) >= bound:
+                rank = self.OVERDUE
+            else:
+                rank = self.NEW
+            entries.append((rank, seq_group))
+        # Stable: new groups keep their stock order.
+        return sorted(entries, key=self._sort_key)
+
+    def _sort_key(self, entry: Tuple[int, SequenceGroup]) -> tuple:
+        """Critical-path and overdue groups first, by arrival time (a
+        child's is its root's), then new groups. With the priority policy
+        the user's priority comes first, as in upstream's `_get_priority`.
+        """
+        rank, seq_group = entry
+        priority, arrival_time = self._get_priority(seq_group)
+        key = ((0, arrival_time) if rank != self.NEW else (1, 0.0))
+        if self.scheduler_config.policy == "priority":
+            return (priority, *key)
+        return key
 
     def free_finished_seq_groups(self) -> None:
         super().free_finished_seq_groups()

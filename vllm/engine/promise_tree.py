@@ -5,8 +5,9 @@
 `PromiseTreeCoordinator` owns every transition of a child sequence's life:
 spawn, park and wake its parent, merge, finish, abort, registry cleanup.
 The output processor tells it which hook token a sequence sampled; the
-scheduler tells it what it scheduled, ignored and aborted. It acts on the
-scheduler only through its parking API.
+scheduler tells it what it scheduled, ignored and aborted, and asks it which
+groups are on a request's critical path. It acts on the scheduler only
+through its parking API.
 """
 
 import time
@@ -129,10 +130,12 @@ class PromiseTreeCoordinator:
         if params.seed is not None:
             params.seed = derive_seed(params.seed,
                                       f"child-{len(node.children)}")
+        # A child is part of its request, not a new one: it keeps the
+        # root's arrival time and priority (the parent's are the root's).
         child_group = SequenceGroup(
             request_id=child_id,
             seqs=[child_seq],
-            arrival_time=time.time(),
+            arrival_time=seq_group.arrival_time,
             sampling_params=params,
             lora_request=seq_group.lora_request,
             trace_headers=seq_group.trace_headers,
@@ -251,6 +254,28 @@ class PromiseTreeCoordinator:
         seq_group.set_finished_time(time.time())
         if node.parent is not None:
             self.metrics.children_running.dec()
+
+    def on_critical_path(self, seq_group: SequenceGroup) -> bool:
+        """Whether ``seq_group`` is work its request is waiting for.
+
+        That is a child whose parent is parked (the parent resumes only when
+        it finishes) or a sequence that resumed after a merge (its request
+        holds a tree's worth of work done and finishes only with it).
+
+        Args:
+            seq_group: A live group in one of the scheduler's queues.
+
+        Returns:
+            True if the scheduler should put it before new requests.
+        """
+        tree = seq_group.first_seq.promise_tree
+        if tree is None:
+            return False
+        node = tree.nodes.get(seq_group.request_id)
+        if node is None:
+            return False
+        return node.num_merged > 0 or (node.parent is not None and
+                                       node.parent.blocked_since is not None)
 
     def record_kv_usage(self, fraction: float) -> None:
         """Exports the fraction of KV blocks in use, parked ones included."""

@@ -1,0 +1,399 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Open-loop mixed workload: critical-path scheduling on and off.
+
+Requests arrive at a fixed rate, whatever the engine is doing, for a
+bounded time: a mix of fan-out requests (a parent writes 8 tokens,
+promises k children of m tokens, syncs, writes 8 more) and plain ones (as
+many tokens as a fan-out's parent writes plus one child's m), in an order
+drawn from a seed. Every sequence is scripted (hooks forced, the rest free
+with special tokens masked), so both sides compute the same tokens.
+
+Two hooked engines in one process differ only in
+`SpecialKwargs.critical_path_first`. `--max-num-seqs` makes running slots
+scarce, `--num-gpu-blocks` (with `--block-size`) KV blocks. The clock is
+engine steps by default: arrivals come every 1/rate steps and latencies
+are counted in steps, so the figures do not move with other load on the
+machine (`--clock seconds` for wall time). Each rate in `--loads` is a
+multiple of the capacity measured first on a burst of the same mix (both
+sides, averaged). For each rate, trials alternate sides (ABBA) over the
+same arrival schedule; a request's latency runs from its scheduled arrival
+to its final output. Reports, per side and rate, p50/p99 latency for all
+requests and per kind, engine steps, sequences per step, preemptions, and
+the ratios stock order / critical path. Prints a table and writes JSON.
+
+A client-side join (helper P's peer client) can be a third side: a driver
+with `run_open_loop`'s contract (the schedule in, latency per request out,
+same clock) over a stock engine, added to `compare`.
+
+Usage: .venv/bin/python benchmarks/open_loop.py [--loads 0.8 1.0 1.2]
+    [--trials 2] [--max-num-seqs 8] [--block-size B --num-gpu-blocks N]
+    [--clock steps|seconds] [--duration D] [--model DIR --dtype D]
+    [--out open_loop.json]
+"""
+
+import argparse
+import json
+import random
+import statistics
+import time
+from collections import deque
+from dataclasses import dataclass
+from functools import partial
+
+from sequence_hooks_testkit.bench import prepare, report
+from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
+from sequence_hooks_testkit.scripted_hooks import ScriptedHooks
+
+# Arrivals per trial, in each clock's unit.
+DEFAULT_DURATION = {"steps": 1000.0, "seconds": 30.0}
+# The sides compared, by their `critical_path_first` setting.
+SIDES = {"critical_path": True, "stock_order": False}
+PROMPTS = ["the cat sees", "one two three", "big red dog", "a small bird"]
+
+
+@dataclass
+class Workload:
+    """The shape of the mix."""
+    # Share of fan-out requests.
+    fan_out_share: float
+    # Children per fan-out.
+    k: int
+    # Tokens each child writes.
+    m: int
+    # Tokens a parent writes before its promises and after its merge.
+    prefix: int
+    suffix: int
+
+
+@dataclass
+class Arrival:
+    """One request of the schedule."""
+    # Seconds after the trial's start.
+    offset: float
+    request_id: str
+    # "fan_out" or "plain".
+    kind: str
+    prompt: str
+
+
+def plans_of(kind: str, workload: Workload, ids) -> dict:
+    """The scripted program of a request of ``kind``."""
+    w = workload
+    if kind == "plain":
+        return {(): [None] * (w.prefix + w.k + 1 + w.m + w.suffix)}
+    plans = {
+        (): [None] * w.prefix + [ids.promise] * w.k + [ids.sync] +
+        [None] * w.suffix
+    }
+    plans.update({(i, ): [None] * w.m for i in range(w.k)})
+    return plans
+
+
+def arrivals(num: int, rate: float, workload: Workload,
+             seed: int) -> list[Arrival]:
+    """``num`` requests at a fixed ``rate`` (per second), kinds drawn from
+    ``seed``."""
+    rng = random.Random(seed)
+    return [
+        Arrival(
+            i / rate, f"req-{i}",
+            "fan_out" if rng.random() < workload.fan_out_share else "plain",
+            PROMPTS[i % len(PROMPTS)]) for i in range(num)
+    ]
+
+
+class Clock:
+    """The time of an open-loop run: wall seconds, or engine steps.
+
+    In steps, arrivals and latencies do not depend on what else runs on the
+    machine; an idle engine jumps to the next arrival.
+
+    Args:
+        unit: "seconds" or "steps".
+    """
+
+    def __init__(self, unit: str):
+        self.unit = unit
+        self.start = time.perf_counter()
+        # Engine steps so far, plus the idle gaps jumped over.
+        self.steps = 0.0
+
+    def now(self) -> float:
+        if self.unit == "seconds":
+            return time.perf_counter() - self.start
+        return self.steps
+
+    def wait_until(self, moment: float) -> None:
+        """Lets an idle engine wait for the arrival at ``moment``."""
+        if self.unit == "seconds":
+            time.sleep(max(0.0, moment - self.now()))
+        else:
+            self.steps = max(self.steps, moment)
+
+
+def run_open_loop(llm, schedule: list[Arrival], make_params, unit: str,
+                  max_steps: int) -> dict[str, float]:
+    """Feeds ``schedule`` to ``llm``'s engine as time passes.
+
+    Args:
+        llm: The `LLM` to run on.
+        schedule: The arrivals, by offset.
+        make_params: Sampling parameters of an arrival.
+        unit: The clock's unit, "seconds" or "steps".
+        max_steps: Steps after which the run fails instead of hanging.
+
+    Returns:
+        Latency per request id, from its scheduled arrival, in ``unit``.
+    """
+    engine = llm.llm_engine
+    pending = deque(schedule)
+    offsets = {arrival.request_id: arrival.offset for arrival in schedule}
+    latencies: dict[str, float] = {}
+    clock = Clock(unit)
+    for _ in range(max_steps):
+        while pending and pending[0].offset <= clock.now():
+            arrival = pending.popleft()
+            engine.add_request(arrival.request_id, arrival.prompt,
+                               make_params(arrival))
+        if not engine.has_unfinished_requests():
+            if not pending:
+                return latencies
+            clock.wait_until(pending[0].offset)
+            continue
+        outputs = engine.step()
+        clock.steps += 1
+        for output in outputs:
+            if output.finished:
+                latencies[output.request_id] = (clock.now() -
+                                                offsets[output.request_id])
+    raise RuntimeError(f"not finished after {max_steps} steps")
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-quantile (0..1) of ``values``, nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def hook_setup(args, workload: Workload):
+    """The model folder, its hook token ids and the engines' arguments."""
+    from vllm.config import SpecialKwargs
+    max_len = (64 + workload.prefix + workload.k * (workload.m + 2) +
+               workload.suffix)
+    if args.model:
+        from transformers import AutoTokenizer
+        model = args.model
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        ids = argparse.Namespace(**{
+            role:
+            tokenizer.convert_tokens_to_ids(f"<{role}>")
+            for role in ("sync", "promise", "child")
+        },
+                                 eos=tokenizer.eos_token_id)
+    else:
+        ids, _, model = prepare(max_positions=max_len)
+    engine_args = {
+        "dtype": args.dtype,
+        "max_model_len": max_len,
+        "max_num_seqs": args.max_num_seqs,
+    }
+    if args.block_size:
+        engine_args["block_size"] = args.block_size
+    if args.num_gpu_blocks:
+        engine_args["num_gpu_blocks_override"] = args.num_gpu_blocks
+    hooks = {
+        "sync_token_id": ids.sync,
+        "promise_token_id": ids.promise,
+        "child_role_token_id": ids.child,
+    }
+    sides = {
+        side: {
+            **engine_args, "special_kwargs":
+            SpecialKwargs(**hooks, critical_path_first=on)
+        }
+        for side, on in SIDES.items()
+    }
+    return model, ids, sides
+
+
+def summary(samples: list[tuple[str, float]]) -> dict:
+    """p50/p99 latency in seconds of (kind, latency) samples, for all
+    requests and per kind."""
+    row = {}
+    for kind in ("all", "fan_out", "plain"):
+        values = [
+            latency for sample_kind, latency in samples
+            if kind in ("all", sample_kind)
+        ]
+        for q in (50, 99):
+            row[f"{kind}_p{q}"] = (round(percentile(values, q / 100), 3)
+                                   if values else None)
+    return row
+
+
+def count_step(counts: list[int], outputs) -> None:
+    """Adds a step and the groups it scheduled to ``counts``."""
+    counts[0] += 1
+    counts[1] += len(outputs.scheduled_seq_groups)
+
+
+def run(args) -> None:
+    """Calibrates the rate, runs the trials, reports."""
+    unit = args.clock[:-1]
+    from sequence_hooks_testkit.engines import tiny_llm
+    from vllm import SamplingParams
+    workload = Workload(args.fan_out_share, args.k, args.m, 8, 8)
+    model, ids, side_args = hook_setup(args, workload)
+    masked = [ids.sync, ids.promise, ids.child, ids.eos]
+
+    def make_params(arrival: Arrival) -> SamplingParams:
+        script = ScriptedHooks(plans_of(arrival.kind, workload, ids),
+                               promise_id=ids.promise,
+                               child_id=ids.child,
+                               eos_id=ids.eos,
+                               masked_ids=masked)
+        return SamplingParams(
+            temperature=0.0,
+            max_tokens=side_args["critical_path"]["max_model_len"] - 16,
+            logits_processors=[script])
+
+    llms = {
+        side: tiny_llm(model, **engine_args)
+        for side, engine_args in side_args.items()
+    }
+    block_size = llms["critical_path"].llm_engine.cache_config.block_size
+
+    # Capacity: a burst of the same mix, all at once, on each side.
+    burst_size = 4 * args.max_num_seqs
+    capacities = []
+    for side, llm in llms.items():
+        burst = arrivals(burst_size, float("inf"), workload, args.seed)
+        for arrival in burst:
+            arrival.request_id = f"burst-{side}-{arrival.request_id}"
+        latencies = run_open_loop(llm,
+                                  burst,
+                                  make_params,
+                                  args.clock,
+                                  max_steps=200000)
+        capacities.append(burst_size / max(latencies.values()))
+    capacity = statistics.mean(capacities)
+    print(f"capacity {capacity:.4f} requests per {unit}", flush=True)
+    duration = args.duration or DEFAULT_DURATION[args.clock]
+    rows = []
+    for load in args.loads:
+        rate = load * capacity
+        schedule = arrivals(max(1, int(rate * duration)), rate, workload,
+                            args.seed)
+        setting = {
+            "dtype": args.dtype,
+            "block_size": block_size,
+            "max_num_seqs": args.max_num_seqs,
+            "clock": args.clock,
+            "load": load,
+            f"rate_per_{unit}": round(rate, 4),
+        }
+        rows += compare(llms, schedule, make_params, args, setting)
+    report(rows, args.out)
+
+
+def compare(llms, schedule: list[Arrival], make_params, args,
+            setting: dict) -> list[dict]:
+    """Runs ``schedule`` on every side, alternating, ``args.trials`` times.
+
+    Returns:
+        A row per side and the row of ratios stock order / critical path.
+    """
+    max_steps = 200000
+    per_side: dict[str, list[tuple[str, float]]] = {side: [] for side in llms}
+    preemptions = {side: 0 for side in llms}
+    # Engine steps and groups scheduled in them, per side.
+    steps = {side: [0, 0] for side in llms}
+    for trial in range(args.trials):
+        # ABBA: each side goes first in every other trial.
+        order = list(llms) if trial % 2 == 0 else list(reversed(llms))
+        for side in order:
+            scheduler = llms[side].llm_engine.scheduler[0]
+            before = scheduler.num_cumulative_preemption
+            trial_schedule = [
+                Arrival(a.offset, f"{setting['load']}-{trial}-{a.request_id}",
+                        a.kind, a.prompt) for a in schedule
+            ]
+            with ScheduleRecorder(scheduler, partial(count_step, steps[side])):
+                latencies = run_open_loop(llms[side], trial_schedule,
+                                          make_params, args.clock, max_steps)
+            preemptions[side] += scheduler.num_cumulative_preemption - before
+            samples = [(a.kind, latencies[a.request_id])
+                       for a in trial_schedule]
+            per_side[side] += samples
+            print(
+                f"load {setting['load']} trial {trial} {side}: "
+                f"{json.dumps(summary(samples))}",
+                flush=True)
+    rows = []
+    for side, samples in per_side.items():
+        rows.append({
+            "side": side,
+            **setting, "requests": len(samples),
+            "preemptions": preemptions[side],
+            "steps": steps[side][0],
+            "seqs_per_step": round(steps[side][1] / steps[side][0], 2),
+            **summary(samples)
+        })
+    on, off = rows
+    ratios = {
+        key: round(off[key] / on[key], 2) if on[key] and off[key] else None
+        for key in on if key.endswith(("_p50", "_p99")) or key == "steps"
+    }
+    rows.append({
+        **{
+            key: ""
+            for key in on
+        },
+        **setting, "side": "stock_order / critical_path",
+        **ratios
+    })
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model",
+                        help="model folder with <sync>, <promise> and "
+                        "<child> tokens (default: the tiny test model)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--block-size",
+                        type=int,
+                        help="KV block size (default: the platform's)")
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--num-gpu-blocks",
+                        type=int,
+                        help="KV blocks (default: what the KV cache space "
+                        "gives), to make blocks scarce")
+    parser.add_argument("--clock",
+                        choices=list(DEFAULT_DURATION),
+                        default="steps",
+                        help="time arrivals and latencies in engine steps "
+                        "(not moved by other load on the machine) or in "
+                        "wall seconds")
+    parser.add_argument("--duration",
+                        type=float,
+                        help="time of arrivals per trial, in the clock's "
+                        "unit (default: 30 seconds or 1000 steps)")
+    parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--loads",
+                        type=float,
+                        nargs="+",
+                        default=[0.8, 1.0, 1.2],
+                        help="arrival rates, as shares of the capacity "
+                        "measured on a burst")
+    parser.add_argument("--fan-out-share", type=float, default=0.5)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--m", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="open_loop.json")
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()
