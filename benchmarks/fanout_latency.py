@@ -44,6 +44,7 @@ from sequence_hooks_testkit.oracle import scripted
 
 PREFIX_TOKENS = 8  # a
 SUFFIX_TOKENS = 8  # n
+SIDES = ["hooks", "sequential", "client_join"]
 
 
 def timed(llm, counter, prompts, params):
@@ -128,42 +129,31 @@ def main() -> None:
             for child in range(k):
                 plans[(child, )] = [None] * m
             total = a + k * m + n
-            hooked_params = SamplingParams(
-                temperature=0.0,
-                max_tokens=max_len - 8,
-                logits_processors=[scripted(plans, ids)])
-
-            def run_hooks():
-                [out], wall, steps = timed(hooked, hooked_steps, [prompt],
-                                           hooked_params)
-                children = out.promise_tree.children
-                assert len(children) == k
-                assert all(len(c.text.split()) == m for c in children)
-                texts["hooks"] = out.outputs[0].text
-                return wall, steps
-
-            def run_sequential():
-                return timed(plain, plain_steps, [prompt],
-                             free_params(total, ids))[1:]
-
-            def run_join():
-                joined, wall, steps = client_join(plain, plain_steps, prompt,
-                                                  plans, max_len - 8, ids)
-                texts["client_join"] = joined.text
-                return wall, steps
-
-            sides = {
-                "hooks": run_hooks,
-                "sequential": run_sequential,
-                "client_join": run_join
-            }
-            runs = {name: [] for name in sides}
+            runs = {name: [] for name in SIDES}
             texts: dict[str, str] = {}
             for repeat in range(args.repeats):
                 # Alternating sides: each repeat starts with the next one.
-                names = list(sides)[repeat % 3:] + list(sides)[:repeat % 3]
-                for name in names:
-                    runs[name].append(sides[name]())
+                for name in SIDES[repeat % 3:] + SIDES[:repeat % 3]:
+                    if name == "hooks":
+                        [out], wall, steps = timed(
+                            hooked, hooked_steps, [prompt],
+                            SamplingParams(
+                                temperature=0.0,
+                                max_tokens=max_len - 8,
+                                logits_processors=[scripted(plans, ids)]))
+                        children = out.promise_tree.children
+                        assert len(children) == k
+                        assert all(len(c.text.split()) == m for c in children)
+                        texts[name] = out.outputs[0].text
+                    elif name == "sequential":
+                        _, wall, steps = timed(plain, plain_steps, [prompt],
+                                               free_params(total, ids))
+                    else:
+                        joined, wall, steps = client_join(
+                            plain, plain_steps, prompt, plans, max_len - 8,
+                            ids)
+                        texts[name] = joined.text
+                    runs[name].append((wall, steps))
                 # Both fan-outs wrote the same text (greedy, same program).
                 assert texts["hooks"] == texts["client_join"]
             ideal = (a + k * m + n) / (a + m + 1 + n)

@@ -266,7 +266,6 @@ def in_process(workload: Workload, block_size: int, ks, repeats: int):
         return result.outputs[0].text, 1
 
     def run_join(task: Task, request_id: str):
-        assert stock.reset_prefix_cache()
         transport = EngineTransport(stock.llm_engine, {"temperature": 0.0})
         join = JoinTask(request_id, task.prompt_ids, task.max_tokens,
                         workload.hooks, workload.max_model_len,
@@ -283,12 +282,13 @@ def in_process(workload: Workload, block_size: int, ks, repeats: int):
         samples = {name: [] for name in sides}
         texts = {name: [] for name in sides}
         for repeat in range(repeats):
-            # Both sides run the same task; the join's cache is emptied
-            # first, the hooked engine's never hits (distinct tasks).
+            # Both sides run the same task.
             task = workload.fan_out(k, k * 1000 + repeat)
             order = list(sides) if repeat % 2 == 0 else list(sides)[::-1]
             for name in order:
+                # No run reuses an earlier run's blocks.
                 assert hooked.reset_prefix_cache()
+                assert stock.reset_prefix_cache()
                 counters[name].reset()
                 start = time.perf_counter()
                 text, requests = sides[name](task, f"{name}-{k}-{repeat}")
@@ -309,9 +309,10 @@ def in_process(workload: Workload, block_size: int, ks, repeats: int):
             rows_of = samples[name]
             row[f"{name}_s"] = round(statistics.median(s[0] for s in rows_of),
                                      4)
-            for i, field in enumerate(("steps", "prefill_scheduled",
-                                       "prefill_computed", "peak_blocks",
-                                       "requests"), start=1):
+            for i, field in enumerate(
+                ("steps", "prefill_scheduled", "prefill_computed",
+                 "peak_blocks", "requests"),
+                    start=1):
                 row[f"{name}_{field}"] = statistics.median(s[i]
                                                            for s in rows_of)
         row["join_over_hooks"] = round(row["join_s"] / row["hooks_s"], 2)
@@ -319,8 +320,6 @@ def in_process(workload: Workload, block_size: int, ks, repeats: int):
         print(json.dumps(row), flush=True)
     for counter in counters.values():
         counter.recorder.stop()
-    del hooked, stock
-    gc.collect()
     return rows
 
 
@@ -408,8 +407,8 @@ class HttpSides:
                                   "vllm:prompt_tokens_total")
 
 
-async def http_levels(sides: HttpSides, workload: Workload, k: int,
-                      levels, rounds: int, block_size: int):
+async def http_levels(sides: HttpSides, workload: Workload, k: int, levels,
+                      rounds: int, block_size: int):
     """The HTTP rows: per concurrency, both sides in alternating rounds."""
     rows = []
     for level in levels:
@@ -425,7 +424,9 @@ async def http_levels(sides: HttpSides, workload: Workload, k: int,
             for name in order:
                 before = await sides.prefill_tokens(name)
                 outcomes, wall = await closed_loop(
-                    lambda i, name=name: sides.run(name, tasks[i]), count,
+                    lambda i, name=name, tasks=tasks: sides.run(
+                        name, tasks[i]),
+                    count,
                     level)
                 prefill = await sides.prefill_tokens(name) - before
                 stats[name].append((outcomes, wall, prefill))
@@ -456,8 +457,8 @@ async def http_levels(sides: HttpSides, workload: Workload, k: int,
                 sum(p for _, _, p in runs) / tasks_done, 1)
         row["hooks_throughput_x"] = round(
             row["hooks_tasks_per_s"] / row["join_tasks_per_s"], 2)
-        row["hooks_p50_over_join"] = round(row["hooks_p50_s"] /
-                                           row["join_p50_s"], 2)
+        row["hooks_p50_over_join"] = round(
+            row["hooks_p50_s"] / row["join_p50_s"], 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
@@ -473,7 +474,9 @@ async def plain_rounds(sides: HttpSides, workload: Workload, rounds: int,
         order = ["hooks", "join"] if r % 2 == 0 else ["join", "hooks"]
         for name in order:
             outcomes, wall = await closed_loop(
-                lambda i, name=name: sides.complete(name, tasks[i]), count,
+                lambda i, name=name, tasks=tasks: sides.complete(
+                    name, tasks[i]),
+                count,
                 PLAIN_CONCURRENCY)
             rates[name].append(sum(t for (_, t), _ in outcomes) / wall)
     row = {
@@ -507,13 +510,12 @@ def over_http(workload: Workload, block_size: int, args, folder: Path):
                            HOOKS_JSON,
                            extra=common))
         stock_base = stack.enter_context(
-            running_server(workload.model,
-                           folder / f"stock-{block_size}.log",
-                           None,
-                           extra=common + [
-                               "--enable-chunked-prefill",
-                               "--disable-async-output-proc"
-                           ]))
+            running_server(
+                workload.model,
+                folder / f"stock-{block_size}.log",
+                None,
+                extra=common +
+                ["--enable-chunked-prefill", "--disable-async-output-proc"]))
 
         async def measure():
             async with client_session() as session:
@@ -538,10 +540,13 @@ def over_http(workload: Workload, block_size: int, args, folder: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", help="a promise-speaking model's folder "
+    parser.add_argument("--model",
+                        help="a promise-speaking model's folder "
                         "(default: the tiny test model, scripted)")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-model-len", type=int, default=1024,
+    parser.add_argument("--max-model-len",
+                        type=int,
+                        default=1024,
                         help="with --model")
     parser.add_argument("--max-tokens",
                         type=int,
@@ -576,8 +581,9 @@ def main() -> None:
     if not args.skip_in_process:
         results["in_process"] = []
         for block_size in args.block_sizes:
-            results["in_process"] += in_process(workload, block_size,
-                                                args.ks, args.repeats)
+            results["in_process"] += in_process(workload, block_size, args.ks,
+                                                args.repeats)
+            gc.collect()  # its engines
     if not args.skip_http:
         results["http"], results["plain"] = [], []
         with tempfile.TemporaryDirectory() as folder:
@@ -592,6 +598,7 @@ def main() -> None:
             print(f"\n## {section}")
             print_table(results[section])
     print(f"\nwrote {args.out}")
+
 
 if __name__ == "__main__":
     main()

@@ -22,8 +22,7 @@ from sequence_hooks_testkit.client_join_http import (HttpTransport,
                                                      stream_completion)
 from sequence_hooks_testkit.engines import run_hooked, tiny_llm
 from sequence_hooks_testkit.programs import NONE, PROMPTS, programs
-from sequence_hooks_testkit.server import (running_server,
-                                           scripted_request_body)
+from sequence_hooks_testkit.server import running_server, scripted_request_body
 
 # Room to spare, and a budget that cuts children and merges.
 BUDGETS = [64, 6]
@@ -121,8 +120,8 @@ def assert_same_tree(joined, hooked) -> None:
 def cases(hook_ids):
     """(name, program, prompt) of every program, prompts cycled."""
     return [(name, program, PROMPTS[i % len(PROMPTS)])
-            for i, (name, program) in enumerate(
-                join_programs(hook_ids).items())]
+            for i, (name,
+                    program) in enumerate(join_programs(hook_ids).items())]
 
 
 @pytest.fixture(scope="module")
@@ -138,13 +137,12 @@ def test_in_process_join_equals_hooks(hooked_llm, stock_llm, hook_ids,
     hooked = run_hooked(hooked_llm, hook_ids, [c[2] for c in all_cases],
                         [c[1] for c in all_cases], max_tokens)
     tokenizer = stock_llm.get_tokenizer()
-    joined = run_joins(
-        stock_llm.llm_engine,
-        [tokenizer.encode(c[2]) for c in all_cases],
-        max_tokens,
-        hooks_of(hook_ids),
-        [scripted_options(c[1], hook_ids) for c in all_cases],
-        defaults={"temperature": 0.0})
+    joined = run_joins(stock_llm.llm_engine,
+                       [tokenizer.encode(c[2]) for c in all_cases],
+                       max_tokens,
+                       hooks_of(hook_ids),
+                       [scripted_options(c[1], hook_ids) for c in all_cases],
+                       defaults={"temperature": 0.0})
     for (name, _, _), output, result in zip(all_cases, hooked, joined):
         completion = output.outputs[0]
         assert result.token_ids == list(completion.token_ids), name
@@ -203,12 +201,11 @@ async def both_sides(servers, model: str, hook_ids, max_tokens: int):
         hooked = asyncio.gather(*(hooked_completion(
             session, hooked_base, model, prompt, c[1], hook_ids, max_tokens)
                                   for prompt, c in zip(prompts, all_cases)))
-        joined = asyncio.gather(*(run_join(
-            transport, f"join-{max_tokens}-{i}", prompt, max_tokens,
-            hooks_of(hook_ids), max_model_len, tokenizer,
-            scripted_options(c[1], hook_ids, over_http=True))
-                                  for i, (prompt, c) in enumerate(
-                                      zip(prompts, all_cases))))
+        joined = asyncio.gather(
+            *(run_join(transport, f"join-{max_tokens}-{i}", prompt, max_tokens,
+                       hooks_of(hook_ids), max_model_len, tokenizer,
+                       scripted_options(c[1], hook_ids, over_http=True))
+              for i, (prompt, c) in enumerate(zip(prompts, all_cases))))
         return all_cases, await hooked, await joined
 
 
@@ -222,8 +219,8 @@ def test_http_join_on_stock_server_equals_hooked_server(
     engine_outputs = run_hooked(hooked_llm, hook_ids,
                                 [c[2] for c in all_cases],
                                 [c[1] for c in all_cases], max_tokens)
-    for (name, _, _), served, result, output in zip(all_cases, hooked,
-                                                    joined, engine_outputs):
+    for (name, _, _), served, result, output in zip(all_cases, hooked, joined,
+                                                    engine_outputs):
         assert result.token_ids == served["token_ids"], name
         assert result.text == served["text"], name
         assert result.finish_reason == served["finish_reason"], name
@@ -250,4 +247,3 @@ def test_http_transport_reports_a_refused_request(servers, tiny_model_path,
 
     with pytest.raises(RuntimeError, match="join too-long failed"):
         asyncio.run(join_too_long_prompt())
-

@@ -242,9 +242,9 @@ class JoinTask:
         self.transport.submit(
             JoinRequest(
                 request_id, prompt, budget, [self.hooks.sync_token_id],
-                self.options(seq.role, seq.sampled),
-                lambda ids, reason: self._on_output(seq, request_id, ids,
-                                                    reason), self._fail))
+                self.options(seq.role,
+                             seq.sampled), lambda ids, reason: self._on_output(
+                                 seq, request_id, ids, reason), self._fail))
 
     def _fail(self, error: BaseException) -> None:
         if self.error is None and self.result is None:
@@ -335,17 +335,16 @@ class JoinTask:
         and wakes its parked parent."""
         self._abort_descendants(seq.node)
         own_text = seq.text.text[seq.fork_text_len:]
-        self.tree.record_finish(seq.node, reason, seq.own_ids,
-                                without_hook_tokens(own_text,
-                                                    self.hook_strings))
+        self.tree.record_finish(
+            seq.node, reason, seq.own_ids,
+            without_hook_tokens(own_text, self.hook_strings))
         parent_node = seq.node.parent
         if parent_node is None:
             self._done(seq)
             return
         parent = self.sequences[parent_node.request_id]
-        if parent.parked and all(
-                child.is_finished
-                for child in parent_node.unmerged_children()):
+        if parent.parked and all(child.is_finished
+                                 for child in parent_node.unmerged_children()):
             self._merge_and_resume(parent)
 
     def _abort_descendants(self, node: TreeNode) -> None:
@@ -361,9 +360,10 @@ class JoinTask:
             self.tree.record_abort(child)
 
     def _done(self, root: JoinSequence) -> None:
-        self.result = JoinResult(root.own_ids, root.text.text,
-                                 root.node.finish_reason, self.tree.snapshot(),
-                                 self.requests, self.prompt_tokens)
+        self.result = JoinResult(root.own_ids,
+                                 root.text.text, root.node.finish_reason,
+                                 self.tree.snapshot(), self.requests,
+                                 self.prompt_tokens)
         if self.on_done is not None:
             self.on_done(self)
 
@@ -393,12 +393,13 @@ class EngineTransport:
 
     def submit(self, request: JoinRequest) -> None:
         from vllm import SamplingParams
-        params = SamplingParams(**{
-            **self.defaults,
-            **request.options,
-            "max_tokens": request.max_tokens,
-            "stop_token_ids": request.stop_token_ids,
-        })
+        params = SamplingParams(
+            **{
+                **self.defaults,
+                **request.options,
+                "max_tokens": request.max_tokens,
+                "stop_token_ids": request.stop_token_ids,
+            })
         self.engine.add_request(request.request_id,
                                 {"prompt_token_ids": request.prompt_ids},
                                 params)

@@ -22,14 +22,22 @@ from sequence_hooks_testkit.client_join import (JoinRequest, JoinResult,
 
 # Seconds a request may take in all; every wait is bounded.
 REQUEST_SECONDS = 600
+# Below the server's keep-alive timeout (uvicorn: 5 s).
+KEEPALIVE_SECONDS = 2.0
 TOKEN_ID_PREFIX = "token_id:"
 
 
 def client_session() -> aiohttp.ClientSession:
     """An aiohttp session with no cap on open connections and a bounded
-    time per request."""
+    time per request.
+
+    Idle connections are closed before the server's keep-alive timeout
+    (uvicorn's 5 s) would close them: reusing one the server is closing
+    fails the request ("Server disconnected").
+    """
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0),
+        connector=aiohttp.TCPConnector(limit=0,
+                                       keepalive_timeout=KEEPALIVE_SECONDS),
         timeout=aiohttp.ClientTimeout(total=REQUEST_SECONDS))
 
 

@@ -109,8 +109,10 @@ def from_role_plans(role_plans: list,
             runs each sequence's segments as requests of their own).
         step: The plan step a fixed-role processor starts at.
     """
-    return ScriptedHooks({tuple(path): plan
-                          for path, plan in role_plans},
+    return ScriptedHooks({
+        tuple(path): plan
+        for path, plan in role_plans
+    },
                          promise_id,
                          child_id,
                          eos_id,
