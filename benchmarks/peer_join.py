@@ -490,6 +490,9 @@ async def plain_rounds(sides: HttpSides, workload: Workload, rounds: int,
     row["hooked_over_stock"] = round(
         row["hooked_server_tokens_per_s"] / row["stock_server_tokens_per_s"],
         3)
+    # Each round's rates: the spread the ratio is to be read in.
+    row["hooked_server_rounds"] = [round(rate) for rate in rates["hooks"]]
+    row["stock_server_rounds"] = [round(rate) for rate in rates["join"]]
     print(json.dumps(row), flush=True)
     return row
 
