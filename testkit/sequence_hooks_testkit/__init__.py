@@ -9,7 +9,9 @@ tokens, `HookIds`), `scripted_hooks` (programs forced per request),
 loop), `schedule_recorder` (what each step scheduled), `timeline` (the
 demo's picture), `server` (`vllm serve` on loopback), `served` (a hooked
 and a stock server for the fault tests), `bench` (what the benchmarks
-share), `expand_task` and `expand_eval` (the embedded model's task and its
+share), `client_join` and `client_join_http` (the client-side join on a
+stock engine, in-process and over HTTP: the benchmarks' peer),
+`expand_task` and `expand_eval` (the embedded model's task and its
 measurement); for the V1 flavour only: `v1_engines`, `v1_scripted_logits`
 and `v1_oracle`.
 """
