@@ -534,8 +534,10 @@ def over_http(workload: Workload, block_size: int, args, folder: Path):
                 rows = await http_levels(sides, workload, args.http_k,
                                          args.concurrency, args.rounds,
                                          actual_block)
-                plain = await plain_rounds(sides, workload, args.plain_rounds,
-                                           actual_block)
+                plain = None
+                if args.plain_rounds:
+                    plain = await plain_rounds(sides, workload,
+                                               args.plain_rounds, actual_block)
                 return rows, plain
 
         return asyncio.run(measure())
@@ -574,7 +576,10 @@ def main() -> None:
                         nargs="+",
                         default=[1, 8, 32, 64])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--plain-rounds", type=int, default=4)
+    parser.add_argument("--plain-rounds",
+                        type=int,
+                        default=4,
+                        help="0: no plain requests")
     parser.add_argument("--skip-in-process", action="store_true")
     parser.add_argument("--skip-http", action="store_true")
     parser.add_argument("--out", default="peer_join.json")
@@ -594,7 +599,8 @@ def main() -> None:
                 rows, plain = over_http(workload, block_size, args,
                                         Path(folder))
                 results["http"] += rows
-                results["plain"].append(plain)
+                if plain is not None:
+                    results["plain"].append(plain)
     Path(args.out).write_text(json.dumps(results, indent=2))
     for section in ("in_process", "http", "plain"):
         if results.get(section):
