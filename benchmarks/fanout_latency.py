@@ -9,11 +9,13 @@ Side by side in one run, for each (k, m):
 - hooks: one request on an engine with sequence hooks;
 - sequential: one plain request generating the same a + k*m + n tokens;
 - client join: the way APR/ThreadWeaver-style systems do it on a stock
-  engine with prefix caching: the parent's prefix, then k requests sharing
-  it (child i's prompt ends with i + 1 promises and the role marker, as
-  the hooked child i's context does), then one request over the merged
-  context. The prefix cache is emptied before each join, so no join
-  reuses an earlier run's blocks.
+  engine with prefix caching, run by the peer (`client_join`): the parent
+  is streamed and generates its own promises and `<sync>` (no tokens for
+  free); each `<promise>` it samples launches a child request at once over
+  its context (the role marker appended, as the hooked child's); `<sync>`
+  stops it, and one request goes out over the merged context when its
+  children are done. The prefix cache is emptied before each join, so no
+  join reuses an earlier run's blocks.
 
 Every run applies the same scripted logits processor (hooks forced, the
 rest free with special tokens masked), so its per-token cost is the same on
@@ -34,12 +36,15 @@ import json
 import statistics
 import time
 
+from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks_testkit.bench import (count_steps, free_params, prepare,
                                           report)
+from sequence_hooks_testkit.client_join import run_joins, scripted_options
 from sequence_hooks_testkit.oracle import scripted
 
 PREFIX_TOKENS = 8  # a
 SUFFIX_TOKENS = 8  # n
+SIDES = ["hooks", "sequential", "client_join"]
 
 
 def timed(llm, counter, prompts, params):
@@ -60,42 +65,35 @@ def timed(llm, counter, prompts, params):
     return outputs, time.perf_counter() - start, counter[0]
 
 
-def client_join(llm, counter, prompt: str, k: int, m: int, ids):
-    """The fan-out as a client does it on a stock engine.
+def client_join(llm, counter, prompt: str, plans, max_tokens: int, ids):
+    """The fan-out as a client does it on a stock engine: the peer
+    (`client_join`), which streams the parent, launches a child request
+    when the parent samples each `<promise>`, stops it at `<sync>` and
+    sends one request over the merged context.
 
     Args:
         llm: A stock `LLM` with prefix caching.
         counter: ``llm``'s step counter (from `count_steps`).
         prompt: The parent's prompt.
-        k: Child requests.
-        m: Tokens each child request writes.
+        plans: The scripted program (the hooked run's).
+        max_tokens: The request's budget.
         ids: The tiny tokenizer's hook token ids.
 
     Returns:
-        The wall time in seconds and the engine steps of the three calls.
+        The join's result, its wall time in seconds and its engine steps.
     """
     assert llm.reset_prefix_cache()
+    prompt_ids = llm.get_tokenizer().encode(prompt)
     counter[0] = 0
     start = time.perf_counter()
-    [prefix] = llm.generate([prompt],
-                            free_params(PREFIX_TOKENS, ids),
-                            use_tqdm=False)
-    context = list(prefix.prompt_token_ids) + list(prefix.outputs[0].token_ids)
-    children = llm.generate([{
-        "prompt_token_ids":
-        context + [ids.promise] * (i + 1) + [ids.child]
-    } for i in range(k)],
-                            free_params(m, ids),
-                            use_tqdm=False)
-    merged = llm.get_tokenizer().encode("\n".join(c.outputs[0].text
-                                                  for c in children),
-                                        add_special_tokens=False)
-    llm.generate([{
-        "prompt_token_ids": context + merged
-    }],
-                 free_params(SUFFIX_TOKENS, ids),
-                 use_tqdm=False)
-    return time.perf_counter() - start, counter[0]
+    [result] = run_joins(llm.llm_engine, [prompt_ids],
+                         max_tokens,
+                         SpecialKwargs(sync_token_id=ids.sync,
+                                       promise_token_id=ids.promise,
+                                       child_role_token_id=ids.child),
+                         [scripted_options(plans, ids)],
+                         defaults={"temperature": 0.0})
+    return result, time.perf_counter() - start, counter[0]
 
 
 def main() -> None:
@@ -130,23 +128,34 @@ def main() -> None:
             }
             for child in range(k):
                 plans[(child, )] = [None] * m
-            runs = {"hooks": [], "sequential": [], "client_join": []}
-            for _ in range(args.repeats):
-                [out], wall, steps = timed(
-                    hooked, hooked_steps, [prompt],
-                    SamplingParams(temperature=0.0,
-                                   max_tokens=max_len - 8,
-                                   logits_processors=[scripted(plans, ids)]))
-                runs["hooks"].append((wall, steps))
-                total = a + k * m + n
-                _, wall, steps = timed(plain, plain_steps, [prompt],
-                                       free_params(total, ids))
-                runs["sequential"].append((wall, steps))
-                runs["client_join"].append(
-                    client_join(plain, plain_steps, prompt, k, m, ids))
-                children = out.promise_tree.children
-                assert len(children) == k
-                assert all(len(c.text.split()) == m for c in children)
+            total = a + k * m + n
+            runs = {name: [] for name in SIDES}
+            texts: dict[str, str] = {}
+            for repeat in range(args.repeats):
+                # Alternating sides: each repeat starts with the next one.
+                for name in SIDES[repeat % 3:] + SIDES[:repeat % 3]:
+                    if name == "hooks":
+                        [out], wall, steps = timed(
+                            hooked, hooked_steps, [prompt],
+                            SamplingParams(
+                                temperature=0.0,
+                                max_tokens=max_len - 8,
+                                logits_processors=[scripted(plans, ids)]))
+                        children = out.promise_tree.children
+                        assert len(children) == k
+                        assert all(len(c.text.split()) == m for c in children)
+                        texts[name] = out.outputs[0].text
+                    elif name == "sequential":
+                        _, wall, steps = timed(plain, plain_steps, [prompt],
+                                               free_params(total, ids))
+                    else:
+                        joined, wall, steps = client_join(
+                            plain, plain_steps, prompt, plans, max_len - 8,
+                            ids)
+                        texts[name] = joined.text
+                    runs[name].append((wall, steps))
+                # Both fan-outs wrote the same text (greedy, same program).
+                assert texts["hooks"] == texts["client_join"]
             ideal = (a + k * m + n) / (a + m + 1 + n)
             row = {"k": k, "m": m, "ideal_speedup": round(ideal, 2)}
             for name, samples in runs.items():
@@ -162,7 +171,7 @@ def main() -> None:
     report(rows, args.out,
            ("k", "m", "hooks_s", "sequential_s", "client_join_s",
             "hooks_steps", "sequential_steps", "client_join_steps", "speedup",
-            "ideal_speedup", "measured_over_ideal"))
+            "ideal_speedup", "measured_over_ideal", "speedup_vs_join"))
 
 
 if __name__ == "__main__":

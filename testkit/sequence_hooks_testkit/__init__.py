@@ -10,8 +10,10 @@ each suite subclasses), `engines` (V0 test engines and checks, its
 `Flavour`), `harness` (the model-free engine loop), `schedule_recorder`
 (what each step scheduled), `timeline` (the demo's picture), `server`
 (`vllm serve` on loopback), `served` (a hooked and a stock server for the
-fault tests), `bench` (what the benchmarks share), `expand_task` and
-`expand_eval` (the embedded model's task and its measurement); for the V1
-flavour only: `v1_engines` (its engines, checks and `Flavour`) and
-`v1_scripted_logits` (programs as V1 logits processors).
+fault tests), `bench` (what the benchmarks share), `client_join` and
+`client_join_http` (the client-side join on a stock engine, in-process and
+over HTTP: the benchmarks' peer), `expand_task` and `expand_eval` (the
+embedded model's task and its measurement); for the V1 flavour only:
+`v1_engines` (its engines, checks and `Flavour`) and `v1_scripted_logits`
+(programs as V1 logits processors).
 """

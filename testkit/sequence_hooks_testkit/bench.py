@@ -111,9 +111,19 @@ def report(rows: list[dict], out: str, columns=None) -> None:
         columns: The columns to print; all of the first row's if None.
     """
     Path(out).write_text(json.dumps(rows, indent=2))
+    print_table(rows, columns)
+    print(f"\nwrote {out}")
+
+
+def print_table(rows: list[dict], columns=None) -> None:
+    """Prints ``rows`` as a Markdown table.
+
+    Args:
+        rows: One dict per measured case.
+        columns: The columns to print; all of the first row's if None.
+    """
     columns = list(columns or rows[0])
     print("\n| " + " | ".join(columns) + " |")
     print("|" + " --- |" * len(columns))
     for row in rows:
         print("| " + " | ".join(str(row[c]) for c in columns) + " |")
-    print(f"\nwrote {out}")

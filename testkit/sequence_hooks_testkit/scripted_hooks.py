@@ -86,8 +86,13 @@ class ScriptedHooks:
         return logits
 
 
-def from_role_plans(role_plans: list, promise_id: int, child_id: int,
-                    eos_id: int, masked_ids: list) -> ScriptedHooks:
+def from_role_plans(role_plans: list,
+                    promise_id: int,
+                    child_id: int,
+                    eos_id: int,
+                    masked_ids: list,
+                    role: Optional[list] = None,
+                    step: int = 0) -> ScriptedHooks:
     """Builds `ScriptedHooks` from JSON-friendly arguments.
 
     The OpenAI server builds per-request logits processors from a qualified
@@ -100,8 +105,17 @@ def from_role_plans(role_plans: list, promise_id: int, child_id: int,
         child_id: The role marker.
         eos_id: Forced when a plan runs out.
         masked_ids: Ids never chosen on a free step.
+        role: Fixed role path, for a stock server (the client-side join
+            runs each sequence's segments as requests of their own).
+        step: The plan step a fixed-role processor starts at.
     """
     return ScriptedHooks({
-        tuple(role): plan
-        for role, plan in role_plans
-    }, promise_id, child_id, eos_id, masked_ids)
+        tuple(path): plan
+        for path, plan in role_plans
+    },
+                         promise_id,
+                         child_id,
+                         eos_id,
+                         masked_ids,
+                         role=None if role is None else tuple(role),
+                         step=step)

@@ -107,19 +107,24 @@ def running_server(
     Args:
         model: The model's folder.
         log: File for the server's output.
-        special_kwargs: `--special-kwargs` JSON; None for a stock server.
+        special_kwargs: `--special-kwargs` JSON; None for a stock server
+            (on the V0 engine, as the hooked one).
         extra: Further `vllm serve` arguments.
 
     Yields:
         The server's base URL.
     """
     port = free_port()
+    env = server_env()
+    if special_kwargs is None:
+        # A stock server runs the same V0 engine as the hooked one.
+        env["VLLM_USE_V1"] = "0"
     with log.open("w") as out:
         process = subprocess.Popen(serve_command(model, port, special_kwargs,
                                                  extra),
                                    stdout=out,
                                    stderr=subprocess.STDOUT,
-                                   env=server_env())
+                                   env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(process, base, log)
@@ -147,13 +152,18 @@ def metric(base: str, name: str, model: str) -> float:
     raise AssertionError(f"{name} not on /metrics")
 
 
-def scripted_request_body(plans, ids) -> dict:
+def scripted_request_body(plans, ids, role=None, step: int = 0) -> dict:
     """The request-body field that forces a promise/sync program.
 
     Args:
         plans: Plans by role path (see `scripted_hooks.ScriptedHooks`).
         ids: The tiny tokenizer's `HookIds`.
+        role: A fixed role path, for a stock server that serves one
+            sequence's segment (the client-side join); None on a hooked
+            server, where each sequence finds its own.
+        step: The plan step a fixed role starts at.
     """
+    fixed = {} if role is None else {"role": list(role), "step": step}
     return {
         "logits_processors": [{
             "qualname":
@@ -166,6 +176,7 @@ def scripted_request_body(plans, ids) -> dict:
                 "child_id": ids.child,
                 "eos_id": ids.eos,
                 "masked_ids": list(range(len(SPECIAL_TOKENS))),
+                **fixed,
             },
         }]
     }
