@@ -51,8 +51,8 @@ def run_trees(llm, hook_ids, monkeypatch) -> dict[str, tuple]:
     def recorded_step():
         outputs = step()
         results.update({
-            out.request_id: (list(out.outputs[0].token_ids),
-                             out.outputs[0].text)
+            out.request_id:
+            (list(out.outputs[0].token_ids), out.outputs[0].text)
             for out in outputs if out.finished
         })
         return outputs
@@ -121,9 +121,9 @@ def test_parked_parents_are_evicted_and_recompute_at_resume(
         merge(request, *args, **kwargs)
         if evicted:
             assert request.num_computed_tokens == 0
-            resumes.append((request.request_id,
-                            request.num_tokens - num_computed,
-                            len(scheduler.computed_log)))
+            resumes.append(
+                (request.request_id, request.num_tokens - num_computed,
+                 len(scheduler.computed_log)))
 
     monkeypatch.setattr(scheduler, "_merge", recorded_merge)
     try:

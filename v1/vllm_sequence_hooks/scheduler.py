@@ -169,34 +169,33 @@ class SequenceHookScheduler(Scheduler):
         blocks; if parked parents hold them, nothing frees them (their
         children are the ones waiting), so the newest parked parents are
         evicted until it fits, as V0 does. A parent its request descends
-        from goes last: its blocks are that request's prefix hit.
+        from goes last: its blocks are that request's prefix hit. A parent
+        whose children all finished is never a victim: it is merged and
+        resumed at once, parked no more.
         """
         if self.running:
             return
         admissible = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-        candidate = next((request for queue in (self.kv_holding_waiting,
-                                                self.waiting)
-                          for request in queue
-                          if request.status in admissible), None)
+        candidate = next(
+            (request for queue in (self.kv_holding_waiting, self.waiting)
+             for request in queue if request.status in admissible), None)
         if candidate is None:
             return
         ancestors = self._ancestors_of(candidate.request_id)
-        victims = sorted(
-            (self.requests[request_id]
-             for request_id, tree in self.trees.items()
-             if tree.nodes[request_id].blocked_since is not None
-             and request_id not in self.evicted),
-            key=lambda request: (
-                request.request_id in ancestors,
-                -self.trees[request.request_id].nodes[
-                    request.request_id].blocked_since))
+        parked = [(tree.nodes[request_id].blocked_since, request_id)
+                  for request_id, tree in self.trees.items()
+                  if tree.nodes[request_id].blocked_since is not None
+                  and request_id not in self.evicted]
+        parked.sort(key=lambda since_and_id:
+                    (since_and_id[1] in ancestors, -since_and_id[0]))
         pool = self.kv_cache_manager.block_pool
-        for victim in victims:
+        for _, request_id in parked:
             if pool.get_num_free_blocks() >= self._blocks_to_admit(candidate):
                 return
-            self._evict(victim)
+            self._evict(self.requests[request_id])
 
     def _ancestors_of(self, request_id: str) -> set[str]:
+        """The request ids of a tree member's parent, its parent's..."""
         tree = self.trees.get(request_id)
         if tree is None:
             return set()
@@ -213,8 +212,7 @@ class SequenceHookScheduler(Scheduler):
         with a parent still holding them (a new child)."""
         needed = cdiv(request.num_tokens + 1, self.block_size)
         if self._has_blocks(request):
-            return needed - cdiv(request.num_computed_tokens,
-                                 self.block_size)
+            return needed - cdiv(request.num_computed_tokens, self.block_size)
         num_shared = self.pending_forks.get(request.request_id)
         if num_shared is not None:
             parent_id = self.trees[request.request_id].nodes[
