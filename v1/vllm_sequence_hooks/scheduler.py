@@ -121,6 +121,9 @@ class SequenceHookScheduler(Scheduler):
         # Children not yet admitted, with the parent tokens computed at the
         # fork: their prefix hit is the parent's blocks.
         self.pending_forks: dict[str, int] = {}
+        # Parked parents whose KV blocks were freed under pressure: they
+        # recompute their context when they resume.
+        self.evicted: set[str] = set()
         # V0's `vllm:sequence_hook_*` metrics (docs/v1.md: how they reach
         # `/metrics` from the engine core's process).
         self.metrics = SequenceHookMetrics(
@@ -139,6 +142,7 @@ class SequenceHookScheduler(Scheduler):
         unscheduled requests from it), and counting it could leave its own
         children waiting forever once parents fill the limit.
         """
+        self._evict_parked_parents_if_stalled()
         parked = self.num_parked()
         self.num_waiting_for_streaming_input -= parked
         try:
@@ -158,13 +162,86 @@ class SequenceHookScheduler(Scheduler):
         return sum(tree.nodes[request_id].blocked_since is not None
                    for request_id, tree in self.trees.items())
 
+    def _evict_parked_parents_if_stalled(self) -> None:
+        """Frees parked parents' blocks while they alone block the queue.
+
+        With nothing running, the next request to admit waits only for
+        blocks; if parked parents hold them, nothing frees them (their
+        children are the ones waiting), so the newest parked parents are
+        evicted until it fits, as V0 does. A parent its request descends
+        from goes last: its blocks are that request's prefix hit. A parent
+        whose children all finished is never a victim: it is merged and
+        resumed at once, parked no more.
+        """
+        if self.running:
+            return
+        admissible = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        candidate = next(
+            (request for queue in (self.kv_holding_waiting, self.waiting)
+             for request in queue if request.status in admissible), None)
+        if candidate is None:
+            return
+        ancestors = self._ancestors_of(candidate.request_id)
+        parked = [(tree.nodes[request_id].blocked_since, request_id)
+                  for request_id, tree in self.trees.items()
+                  if tree.nodes[request_id].blocked_since is not None
+                  and request_id not in self.evicted]
+        parked.sort(key=lambda since_and_id:
+                    (since_and_id[1] in ancestors, -since_and_id[0]))
+        pool = self.kv_cache_manager.block_pool
+        for _, request_id in parked:
+            if pool.get_num_free_blocks() >= self._blocks_to_admit(candidate):
+                return
+            self._evict(self.requests[request_id])
+
+    def _ancestors_of(self, request_id: str) -> set[str]:
+        """The request ids of a tree member's parent, its parent's..."""
+        tree = self.trees.get(request_id)
+        if tree is None:
+            return set()
+        node = tree.nodes[request_id].parent
+        ancestors = set()
+        while node is not None:
+            ancestors.add(node.request_id)
+            node = node.parent
+        return ancestors
+
+    def _blocks_to_admit(self, request: Request) -> int:
+        """New blocks a waiting request needs for its next token: less
+        those it holds (a resumed parent), or the full blocks it shares
+        with a parent still holding them (a new child)."""
+        needed = cdiv(request.num_tokens + 1, self.block_size)
+        if self._has_blocks(request):
+            return needed - cdiv(request.num_computed_tokens, self.block_size)
+        num_shared = self.pending_forks.get(request.request_id)
+        if num_shared is not None:
+            parent_id = self.trees[request.request_id].nodes[
+                request.request_id].parent.request_id
+            parent = self.requests.get(parent_id)
+            if parent is not None and self._has_blocks(parent):
+                needed -= min(num_shared,
+                              parent.num_computed_tokens) // self.block_size
+        return needed
+
+    def _has_blocks(self, request: Request) -> bool:
+        """Holds KV blocks: an evicted parked parent keeps its computed
+        count (its resume cuts its tokens there) but holds none."""
+        return (self._holds_kv_blocks(request)
+                and request.request_id not in self.evicted)
+
+    def _evict(self, request: Request) -> None:
+        """Frees a parked parent's KV blocks; its tokens stay, and its
+        resume recomputes them (less what the prefix cache gives back)."""
+        self.kv_cache_manager.free(request)
+        self.evicted.add(request.request_id)
+
     def _get_local_prefix_cache_hit(self, request: Request):
         """A new child's hit is its parent's computed context."""
         num_shared = self.pending_forks.pop(request.request_id, None)
         if num_shared is not None:
             node = self.trees[request.request_id].nodes[request.request_id]
             parent = self.requests.get(node.parent.request_id)
-            if parent is not None and self._holds_kv_blocks(parent):
+            if parent is not None and self._has_blocks(parent):
                 shared = min(num_shared, parent.num_computed_tokens)
                 blocks = self.kv_cache_manager.get_blocks(
                     parent.request_id).blocks
@@ -422,6 +499,13 @@ class SequenceHookScheduler(Scheduler):
                             max_tokens=max_tokens,
                             arrival_time=request.arrival_time,
                             sampling_params=params))
+        if request.request_id in self.evicted:
+            # No KV left: the resume is a new prefill of the whole
+            # context, with a prefix-cache lookup, queued as one.
+            self.evicted.discard(request.request_id)
+            request.num_computed_tokens = 0
+            self.kv_holding_waiting.remove_request(request)
+            self.waiting.prepend_request(request)
         if token_ids:
             self._send_merged_tokens(request, token_ids, by_id, extra)
 
@@ -471,6 +555,7 @@ class SequenceHookScheduler(Scheduler):
             self.trees.pop(node.request_id, None)
             self.members.pop(node.request_id, None)
             self.pending_forks.pop(node.request_id, None)
+            self.evicted.discard(node.request_id)
 
     def _abort(self, tree: PromiseTreeState,
                nodes: Iterable[TreeNode]) -> None:
@@ -481,6 +566,7 @@ class SequenceHookScheduler(Scheduler):
             if node.parent is not None:
                 self.metrics.children_running.dec()
             self.pending_forks.pop(node.request_id, None)
+            self.evicted.discard(node.request_id)
         if live:
             super().finish_requests([node.request_id for node in live],
                                     RequestStatus.FINISHED_ABORTED)
