@@ -1,30 +1,46 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Open-loop mixed workload: critical-path scheduling on and off.
+"""Open-loop mixed workload: critical-path scheduling on and off, and the
+client-side join.
 
 Requests arrive at a fixed rate, whatever the engine is doing, for a
 bounded time: a mix of fan-out requests (a parent writes 8 tokens,
 promises k children of m tokens, syncs, writes 8 more) and plain ones (as
 many tokens as a fan-out's parent writes plus one child's m), in an order
 drawn from a seed. Every sequence is scripted (hooks forced, the rest free
-with special tokens masked), so both sides compute the same tokens.
+with special tokens masked), so every side computes the same tokens.
 
-Two hooked engines in one process differ only in
-`SpecialKwargs.critical_path_first`. `--max-num-seqs` makes running slots
-scarce, `--num-gpu-blocks` (with `--block-size`) KV blocks. The clock is
+Three sides, each with its own engine in one process:
+
+- critical_path and stock_order: two hooked engines that differ only in
+  `SpecialKwargs.critical_path_first`;
+- join: the peer client (`sequence_hooks_testkit.client_join`) over a
+  stock engine (no `special_kwargs`; prefix caching on, as a real join
+  user would, with the scheduling options hooks turn on). Each arrival
+  starts a `JoinTask`: its parent's request samples its own promises and
+  `<sync>` (the same script, no tokens for free), each `<promise>` sends a
+  child request at once, and one continuation request goes out over the
+  merged context. A plain arrival is a join that never promises: one
+  request. A child request queues as a new arrival would; a hooked child
+  inherits its parent's place.
+
+`--max-num-seqs` makes running slots scarce, `--num-gpu-blocks` (with
+`--block-size`) KV blocks; the stock engine gets the same. The clock is
 engine steps by default: arrivals come every 1/rate steps and latencies
 are counted in steps, so the figures do not move with other load on the
-machine (`--clock seconds` for wall time). Each rate in `--loads` is a
-multiple of the capacity measured first on a burst of the same mix (both
-sides, averaged). For each rate, trials alternate sides (ABBA) over the
-same arrival schedule; a request's latency runs from its scheduled arrival
-to its final output. Reports, per side and rate, p50/p99 latency for all
-requests and per kind, engine steps, sequences per step, preemptions, and
-the ratios stock order / critical path. Prints a table and writes JSON.
-
-A client-side join (helper P's peer client) can be a third side: a driver
-with `run_open_loop`'s contract (the schedule in, latency per request out,
-same clock) over a stock engine, added to `compare`.
+machine (`--clock seconds` for wall time). The join's steps are as
+comparable as the hooked sides': one engine serves all of its requests,
+and the clock counts that engine's steps. Each rate in `--loads` is a
+multiple of the capacity measured first on a burst of the same mix (the
+two hooked sides, averaged); every side gets the same arrival schedule.
+For each rate, trials alternate the sides' order (forward, then
+reversed) over that schedule. A request's latency runs from its scheduled
+arrival to its final output: on the join side, to the end of its last
+continuation request (a plain request's only one). Reports, per side and
+rate, p50/p99 latency for all requests and per kind, engine steps,
+sequences per step, preemptions, how many final texts equal the critical
+path side's, and the ratios stock order / critical path and join /
+critical path. Prints a table and writes JSON.
 
 Usage: .venv/bin/python benchmarks/open_loop.py [--loads 0.8 1.0 1.2]
     [--trials 2] [--max-num-seqs 8] [--block-size B --num-gpu-blocks N]
@@ -40,15 +56,28 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
+from typing import Callable, Optional
 
 from sequence_hooks_testkit.bench import prepare, report
+from sequence_hooks_testkit.client_join import EngineTransport, JoinTask
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from sequence_hooks_testkit.scripted_hooks import ScriptedHooks
 
 # Arrivals per trial, in each clock's unit.
 DEFAULT_DURATION = {"steps": 1000.0, "seconds": 30.0}
-# The sides compared, by their `critical_path_first` setting.
+# The hooked sides, by their `critical_path_first` setting.
 SIDES = {"critical_path": True, "stock_order": False}
+# The side every other is compared with.
+REFERENCE = "critical_path"
+# The client-side join's side.
+JOIN = "join"
+# The stock engine's options for the join: the scheduling options hooks
+# turn on, and prefix caching.
+JOIN_ENGINE_OPTIONS = {
+    "enable_chunked_prefill": True,
+    "disable_async_output_proc": True,
+    "enable_prefix_caching": True,
+}
 PROMPTS = ["the cat sees", "one two three", "big red dog", "a small bird"]
 
 
@@ -132,8 +161,12 @@ class Clock:
             self.steps = max(self.steps, moment)
 
 
-def run_open_loop(llm, schedule: list[Arrival], make_params, unit: str,
-                  max_steps: int) -> dict[str, float]:
+def run_open_loop(llm,
+                  schedule: list[Arrival],
+                  make_params,
+                  unit: str,
+                  max_steps: int,
+                  texts: Optional[dict[str, str]] = None) -> dict[str, float]:
     """Feeds ``schedule`` to ``llm``'s engine as time passes.
 
     Args:
@@ -142,6 +175,7 @@ def run_open_loop(llm, schedule: list[Arrival], make_params, unit: str,
         make_params: Sampling parameters of an arrival.
         unit: The clock's unit, "seconds" or "steps".
         max_steps: Steps after which the run fails instead of hanging.
+        texts: If given, filled with each request's final text.
 
     Returns:
         Latency per request id, from its scheduled arrival, in ``unit``.
@@ -167,6 +201,75 @@ def run_open_loop(llm, schedule: list[Arrival], make_params, unit: str,
             if output.finished:
                 latencies[output.request_id] = (clock.now() -
                                                 offsets[output.request_id])
+                if texts is not None:
+                    texts[output.request_id] = output.outputs[0].text
+    raise RuntimeError(f"not finished after {max_steps} steps")
+
+
+# Makes the join of an arrival: called with the arrival, the transport and
+# the callback the task must call once done.
+JoinFactory = Callable[[Arrival, EngineTransport, Callable[[JoinTask], None]],
+                       JoinTask]
+
+
+def run_join_open_loop(
+        llm,
+        schedule: list[Arrival],
+        make_join: JoinFactory,
+        unit: str,
+        max_steps: int,
+        texts: Optional[dict[str, str]] = None) -> dict[str, float]:
+    """Feeds ``schedule`` to the client-side join over ``llm``'s stock
+    engine as time passes, with `run_open_loop`'s contract.
+
+    Each arrival starts its join at its offset; the join then sends its
+    child and continuation requests between engine steps, as a client
+    would.
+
+    Args:
+        llm: The stock `LLM` to run on.
+        schedule: The arrivals, by offset.
+        make_join: The join of an arrival (its task id the request id).
+        unit: The clock's unit, "seconds" or "steps".
+        max_steps: Steps after which the run fails instead of hanging.
+        texts: If given, filled with each request's final text.
+
+    Returns:
+        Latency per request id, from its scheduled arrival to the end of
+        its join's last request, in ``unit``.
+    """
+    engine = llm.llm_engine
+    transport = EngineTransport(engine)
+    pending = deque(schedule)
+    offsets = {arrival.request_id: arrival.offset for arrival in schedule}
+    latencies: dict[str, float] = {}
+    # Joins started and not done; those done in the current step.
+    unfinished: set[str] = set()
+    done: list[JoinTask] = []
+    clock = Clock(unit)
+    for _ in range(max_steps):
+        while pending and pending[0].offset <= clock.now():
+            arrival = pending.popleft()
+            unfinished.add(arrival.request_id)
+            make_join(arrival, transport, done.append).start()
+        if not unfinished:
+            if not pending:
+                return latencies
+            clock.wait_until(pending[0].offset)
+            continue
+        if not engine.has_unfinished_requests():
+            raise RuntimeError(f"joins {sorted(unfinished)} stalled")
+        transport.step()
+        clock.steps += 1
+        for task in done:
+            if task.error is not None:
+                raise RuntimeError(f"join {task.task_id} failed") from (
+                    task.error)
+            latencies[task.task_id] = clock.now() - offsets[task.task_id]
+            unfinished.discard(task.task_id)
+            if texts is not None:
+                texts[task.task_id] = task.result.text
+        done.clear()
     raise RuntimeError(f"not finished after {max_steps} steps")
 
 
@@ -177,7 +280,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def hook_setup(args, workload: Workload):
-    """The model folder, its hook token ids and the engines' arguments."""
+    """The model folder, its hook token ids, the engines' arguments per
+    side and the join's hook configuration."""
     from vllm.config import SpecialKwargs
     max_len = (64 + workload.prefix + workload.k * (workload.m + 2) +
                workload.suffix)
@@ -214,7 +318,8 @@ def hook_setup(args, workload: Workload):
         }
         for side, on in SIDES.items()
     }
-    return model, ids, sides
+    sides[JOIN] = {**engine_args, **JOIN_ENGINE_OPTIONS}
+    return model, ids, sides, SpecialKwargs(**hooks)
 
 
 def summary(samples: list[tuple[str, float]]) -> dict:
@@ -244,37 +349,66 @@ def run(args) -> None:
     from sequence_hooks_testkit.engines import tiny_llm
     from vllm import SamplingParams
     workload = Workload(args.fan_out_share, args.k, args.m, 8, 8)
-    model, ids, side_args = hook_setup(args, workload)
+    model, ids, side_args, join_hooks = hook_setup(args, workload)
     masked = [ids.sync, ids.promise, ids.child, ids.eos]
+    max_len = side_args[REFERENCE]["max_model_len"]
+    max_tokens = max_len - 16
+
+    def script(arrival: Arrival, **fixed) -> ScriptedHooks:
+        return ScriptedHooks(plans_of(arrival.kind, workload, ids),
+                             promise_id=ids.promise,
+                             child_id=ids.child,
+                             eos_id=ids.eos,
+                             masked_ids=masked,
+                             **fixed)
 
     def make_params(arrival: Arrival) -> SamplingParams:
-        script = ScriptedHooks(plans_of(arrival.kind, workload, ids),
-                               promise_id=ids.promise,
-                               child_id=ids.child,
-                               eos_id=ids.eos,
-                               masked_ids=masked)
-        return SamplingParams(
-            temperature=0.0,
-            max_tokens=side_args["critical_path"]["max_model_len"] - 16,
-            logits_processors=[script])
+        return SamplingParams(temperature=0.0,
+                              max_tokens=max_tokens,
+                              logits_processors=[script(arrival)])
 
     llms = {
         side: tiny_llm(model, **engine_args)
         for side, engine_args in side_args.items()
     }
-    block_size = llms["critical_path"].llm_engine.cache_config.block_size
+    tokenizer = llms[JOIN].get_tokenizer()
 
-    # Capacity: a burst of the same mix, all at once, on each side.
+    def make_join(arrival: Arrival, transport: EngineTransport,
+                  on_done) -> JoinTask:
+        # A stock engine cannot tell a segment's role and plan step from
+        # its context: each request's script starts where the client is.
+        return JoinTask(
+            arrival.request_id,
+            tokenizer.encode(arrival.prompt),
+            max_tokens,
+            join_hooks,
+            max_len,
+            tokenizer,
+            transport,
+            options=lambda role, step: {
+                "temperature": 0.0,
+                "logits_processors": [script(arrival, role=role, step=step)],
+            },
+            on_done=on_done)
+
+    runners = {
+        side: partial(run_open_loop, llms[side], make_params=make_params)
+        for side in SIDES
+    }
+    runners[JOIN] = partial(run_join_open_loop,
+                            llms[JOIN],
+                            make_join=make_join)
+    block_size = llms[REFERENCE].llm_engine.cache_config.block_size
+
+    # Capacity: a burst of the same mix, all at once, on each hooked side.
     burst_size = 4 * args.max_num_seqs
     capacities = []
-    for side, llm in llms.items():
+    for side in SIDES:
         burst = arrivals(burst_size, float("inf"), workload, args.seed)
         for arrival in burst:
             arrival.request_id = f"burst-{side}-{arrival.request_id}"
-        latencies = run_open_loop(llm,
-                                  burst,
-                                  make_params,
-                                  args.clock,
+        latencies = runners[side](schedule=burst,
+                                  unit=args.clock,
                                   max_steps=200000)
         capacities.append(burst_size / max(latencies.values()))
     capacity = statistics.mean(capacities)
@@ -293,25 +427,37 @@ def run(args) -> None:
             "load": load,
             f"rate_per_{unit}": round(rate, 4),
         }
-        rows += compare(llms, schedule, make_params, args, setting)
+        rows += compare(llms, runners, schedule, args, setting)
     report(rows, args.out)
 
 
-def compare(llms, schedule: list[Arrival], make_params, args,
+def compare(llms, runners, schedule: list[Arrival], args,
             setting: dict) -> list[dict]:
     """Runs ``schedule`` on every side, alternating, ``args.trials`` times.
 
+    Args:
+        llms: The `LLM` of each side.
+        runners: Each side's open-loop driver, called with ``schedule``,
+            ``unit``, ``max_steps`` and ``texts`` (see `run_open_loop`).
+        schedule: The arrivals.
+        args: The command line.
+        setting: The columns that name the setting.
+
     Returns:
-        A row per side and the row of ratios stock order / critical path.
+        A row per side, then a row of ratios side / critical path for each
+        other side.
     """
     max_steps = 200000
     per_side: dict[str, list[tuple[str, float]]] = {side: [] for side in llms}
     preemptions = {side: 0 for side in llms}
     # Engine steps and groups scheduled in them, per side.
     steps = {side: [0, 0] for side in llms}
+    # Final texts equal to the reference side's, per side.
+    same_texts = {side: 0 for side in llms}
     for trial in range(args.trials):
-        # ABBA: each side goes first in every other trial.
+        # Each side goes first in every other trial (ABBA for two).
         order = list(llms) if trial % 2 == 0 else list(reversed(llms))
+        texts: dict[str, dict[str, str]] = {}
         for side in order:
             scheduler = llms[side].llm_engine.scheduler[0]
             before = scheduler.num_cumulative_preemption
@@ -319,9 +465,12 @@ def compare(llms, schedule: list[Arrival], make_params, args,
                 Arrival(a.offset, f"{setting['load']}-{trial}-{a.request_id}",
                         a.kind, a.prompt) for a in schedule
             ]
+            texts[side] = {}
             with ScheduleRecorder(scheduler, partial(count_step, steps[side])):
-                latencies = run_open_loop(llms[side], trial_schedule,
-                                          make_params, args.clock, max_steps)
+                latencies = runners[side](schedule=trial_schedule,
+                                          unit=args.clock,
+                                          max_steps=max_steps,
+                                          texts=texts[side])
             preemptions[side] += scheduler.num_cumulative_preemption - before
             samples = [(a.kind, latencies[a.request_id])
                        for a in trial_schedule]
@@ -330,30 +479,43 @@ def compare(llms, schedule: list[Arrival], make_params, args,
                 f"load {setting['load']} trial {trial} {side}: "
                 f"{json.dumps(summary(samples))}",
                 flush=True)
-    rows = []
+        for side, side_texts in texts.items():
+            same_texts[side] += sum(text == texts[REFERENCE][request_id]
+                                    for request_id, text in side_texts.items())
+    rows = {}
     for side, samples in per_side.items():
-        rows.append({
+        same = ("-"
+                if side == REFERENCE else f"{same_texts[side]}/{len(samples)}")
+        rows[side] = {
             "side": side,
             **setting, "requests": len(samples),
+            "same_texts": same,
             "preemptions": preemptions[side],
             "steps": steps[side][0],
             "seqs_per_step": round(steps[side][1] / steps[side][0], 2),
             **summary(samples)
+        }
+    reference = rows[REFERENCE]
+    ratio_rows = []
+    for side, row in rows.items():
+        if side == REFERENCE:
+            continue
+        ratios = {
+            key:
+            round(row[key] /
+                  reference[key], 2) if reference[key] and row[key] else None
+            for key in reference
+            if key.endswith(("_p50", "_p99")) or key == "steps"
+        }
+        ratio_rows.append({
+            **{
+                key: ""
+                for key in reference
+            },
+            **setting, "side": f"{side} / {REFERENCE}",
+            **ratios
         })
-    on, off = rows
-    ratios = {
-        key: round(off[key] / on[key], 2) if on[key] and off[key] else None
-        for key in on if key.endswith(("_p50", "_p99")) or key == "steps"
-    }
-    rows.append({
-        **{
-            key: ""
-            for key in on
-        },
-        **setting, "side": "stock_order / critical_path",
-        **ratios
-    })
-    return rows
+    return list(rows.values()) + ratio_rows
 
 
 def main() -> None:

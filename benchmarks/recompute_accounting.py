@@ -9,12 +9,16 @@ for it), for the same fan-out run three ways side by side:
 - hooks: the hooked engine with room to spare. A child's first step
   computes the parent's `<promise>` and its role marker on top of the
   parent's KV cache; a resume computes `<sync>` and the merged tokens.
-- client join: a stock engine with prefix caching, the way APR/
-  ThreadWeaver-style systems join: the parent's prefix, then k requests
-  over it (child i's prompt ends with i + 1 promises and the role marker,
-  as the hooked child i's context does), then one request over the merged
-  context. Cache hits are whole blocks only, so every request also
-  recomputes its context's last, partial block.
+- client join: the peer client (`sequence_hooks_testkit.client_join`) on
+  a stock engine with prefix caching and the scheduling options hooks
+  turn on, as APR/ThreadWeaver-style systems join on unmodified vLLM: the
+  parent's request samples its own a tokens, promises and `<sync>` (where
+  it stops); each `<promise>` sends at once a child request over the
+  context so far and the role marker, as the hooked child i's context
+  is; one continuation request goes out over the parent's context, its
+  `<sync>` and the merged tokens. Its child and continuation requests are
+  what it computes beyond the prompt. Cache hits are whole blocks only,
+  so every request also recomputes its context's last, partial block.
 - recompute preemption: the hooked engine on a KV cache that just holds
   one `max_model_len` sequence (or all prompts, if more), so the scheduler
   preempts: each preempted sequence (or evicted parked parent, or child
@@ -24,7 +28,9 @@ for it), for the same fan-out run three ways side by side:
 
 Each workload is `copies` requests at once over distinct prompts of
 `context` tokens: `a` tokens, k promises, sync, `n` tokens; children write
-m tokens. Prints a table and writes JSON.
+m tokens; the same scripted program on every side. The join's final texts
+are compared with the hooks' (`join_same_texts`). Prints a table and
+writes JSON.
 
 Usage: .venv/bin/python benchmarks/recompute_accounting.py [--ks 2 4 8]
     [--context 192] [--m 32] [--copies 2] [--out recompute_accounting.json]
@@ -37,14 +43,23 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
-from sequence_hooks_testkit.bench import (free_params, prepare, report,
-                                          run_requests)
+from sequence_hooks.special_kwargs import SpecialKwargs
+from sequence_hooks_testkit.bench import prepare, report, run_requests
+from sequence_hooks_testkit.client_join import (EngineTransport, JoinTask,
+                                                scripted_options)
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 
 BLOCK_SIZE = 16
 PREFIX_TOKENS = 8  # a
 SUFFIX_TOKENS = 8  # n
+# The stock engine's options: the scheduling options hooks turn on, and
+# prefix caching, as a real join user would.
+STOCK_OPTIONS = {
+    "enable_chunked_prefill": True,
+    "disable_async_output_proc": True,
+    "enable_prefix_caching": True,
+}
 
 
 @dataclass
@@ -157,8 +172,8 @@ def fan_out(llm, recorder: PrefillRecorder, prompts, params, k: int):
         k: Children the program promises; checked.
 
     Returns:
-        The mean number of merged tokens per request and the scheduler's
-        preemptions during the run.
+        The mean number of merged tokens per request, the scheduler's
+        preemptions during the run and each request's final text.
     """
     scheduler = llm.llm_engine.scheduler[0]
     recorder.clear()
@@ -169,52 +184,82 @@ def fan_out(llm, recorder: PrefillRecorder, prompts, params, k: int):
     assert all(len(o.promise_tree.children) == k for o in outputs.values())
     merged = statistics.mean(o.promise_tree.num_merged_tokens
                              for o in outputs.values())
-    return merged, scheduler.num_cumulative_preemption - before
+    texts = [outputs[f"fan-{c}"].outputs[0].text for c in range(len(prompts))]
+    return merged, scheduler.num_cumulative_preemption - before, texts
 
 
-def client_join(llm, recorder: PrefillRecorder, prompts, k: int, m: int, ids):
-    """Runs the same token counts as prefix, k child requests and a merge
-    request per prompt, on a stock engine with prefix caching.
+class LabellingTransport(EngineTransport):
+    """An `EngineTransport` that labels each request the join sends by
+    its prompt: the parent's first request, a child's (its prompt ends
+    with the role marker) or the parent's continuation (its prompt holds
+    the `<sync>`).
+
+    Args:
+        engine: A stock `LLMEngine`.
+        ids: The tiny tokenizer's hook token ids.
+    """
+
+    def __init__(self, engine, ids):
+        super().__init__(engine, {"temperature": 0.0})
+        self.ids = ids
+        # Request id -> "parent", "child" or "continuation".
+        self.labels: dict[str, str] = {}
+
+    def submit(self, request) -> None:
+        prompt = request.prompt_ids
+        if prompt[-1] == self.ids.child:
+            label = "child"
+        elif self.ids.sync in prompt:
+            label = "continuation"
+        else:
+            label = "parent"
+        self.labels[request.request_id] = label
+        super().submit(request)
+
+
+def client_join(llm, recorder: PrefillRecorder, prompts, plans,
+                max_tokens: int, ids, k: int):
+    """Runs the program as the client-side join does, one join per
+    prompt, all at once, on a stock engine with prefix caching.
 
     Args:
         llm: A stock `LLM` with prefix caching.
         recorder: The recorder of ``llm``'s scheduler.
         prompts: Token ids of each request's prompt.
-        k: Child requests per prompt.
-        m: Tokens each child request writes.
+        plans: The scripted program (see `ScriptedHooks`).
+        max_tokens: Each request's budget.
         ids: The tiny tokenizer's hook token ids.
+        k: Children the program promises; checked.
 
     Returns:
-        The prefill phases of the child requests and of the merge requests.
+        The prefill phases of the child requests and of the continuation
+        requests, and each join's final text.
     """
     # The cache must not hold an earlier run's (identical greedy) blocks.
     assert llm.reset_prefix_cache()
-    tokenizer = llm.get_tokenizer()
-    prefixes = run_requests(llm, [(f"prefix-{c}", {
-        "prompt_token_ids": prompt
-    }, free_params(PREFIX_TOKENS, ids)) for c, prompt in enumerate(prompts)])
-    contexts = [
-        prompt + list(prefixes[f"prefix-{c}"].outputs[0].token_ids)
+    recorder.clear()
+    engine = llm.llm_engine
+    transport = LabellingTransport(engine, ids)
+    hooks = SpecialKwargs(sync_token_id=ids.sync,
+                          promise_token_id=ids.promise,
+                          child_role_token_id=ids.child)
+    tasks = [
+        JoinTask(f"join-{k}-{c}", prompt, max_tokens,
+                 hooks, engine.model_config.max_model_len,
+                 engine.get_tokenizer(), transport,
+                 scripted_options(plans, ids))
         for c, prompt in enumerate(prompts)
     ]
-    recorder.clear()
-    children = run_requests(llm, [(f"child-{c}-{i}", {
-        "prompt_token_ids":
-        context + [ids.promise] * (i + 1) + [ids.child]
-    }, free_params(m, ids)) for c, context in enumerate(contexts)
-                                  for i in range(k)])
-    child_phases = recorder.take("prompt")
-    merges = [
-        context +
-        tokenizer.encode("\n".join(children[f"child-{c}-{i}"].outputs[0].text
-                                   for i in range(k)),
-                         add_special_tokens=False)
-        for c, context in enumerate(contexts)
-    ]
-    run_requests(llm, [(f"merge-{c}", {
-        "prompt_token_ids": merge
-    }, free_params(SUFFIX_TOKENS, ids)) for c, merge in enumerate(merges)])
-    return child_phases, recorder.take("prompt")
+    transport.run(tasks)
+    assert all(len(task.result.promise_tree.children) == k for task in tasks)
+    phases = recorder.take("prompt")
+    assert not recorder.phases, "a join request restarted from position 0"
+
+    def labelled(label: str) -> list[PrefillPhase]:
+        return [p for p in phases if transport.labels[p.request_id] == label]
+
+    return (labelled("child"), labelled("continuation"),
+            [task.result.text for task in tasks])
 
 
 def main() -> None:
@@ -234,7 +279,7 @@ def main() -> None:
 
     common = dict(max_model_len=max_len, block_size=BLOCK_SIZE)
     hooked = tiny_llm(model, ids, **common)
-    stock = tiny_llm(model, enable_prefix_caching=True, **common)
+    stock = tiny_llm(model, **STOCK_OPTIONS, **common)
     # The least vLLM accepts (one max_model_len sequence), but room for
     # every prompt at once, so that the requests run together and grow
     # into preemptions instead of waiting for each other.
@@ -259,18 +304,19 @@ def main() -> None:
         plans = {(): [None] * a + [ids.promise] * k + [ids.sync] + [None] * n}
         for child in range(k):
             plans[(child, )] = [None] * m
+        max_tokens = max_len - args.context
         params = SamplingParams(temperature=0.0,
-                                max_tokens=max_len - args.context,
+                                max_tokens=max_tokens,
                                 logits_processors=[scripted(plans, ids)])
 
-        merged, _ = fan_out(hooked, hooked_phases, prompts, params, k)
+        merged, _, texts = fan_out(hooked, hooked_phases, prompts, params, k)
         starts = hooked_phases.take("child start")
         resumes = hooked_phases.take("resume")
         assert len(starts) == k * args.copies == len(resumes) * k
         assert not hooked_phases.take("recompute"), (
             "a sequence of the roomy run restarted from position 0")
 
-        _, preemptions = fan_out(tight, tight_phases, prompts, params, k)
+        _, preemptions, _ = fan_out(tight, tight_phases, prompts, params, k)
         recomputes = tight_phases.take("recompute")
         assert recomputes, "the small cache forced no recompute"
         parents = [p for p in recomputes if p.request_id in top_level]
@@ -278,9 +324,13 @@ def main() -> None:
         tight_extra = (recomputes + tight_phases.take("child start") +
                        tight_phases.take("resume"))
 
-        join_children, join_merges = client_join(stock, stock_phases, prompts,
-                                                 k, m, ids)
-        row = dict(k=k, context=args.context, merged_tokens=merged)
+        join_children, join_merges, join_texts = client_join(
+            stock, stock_phases, prompts, plans, max_tokens, ids, k)
+        same = sum(a == b for a, b in zip(texts, join_texts))
+        row = dict(k=k,
+                   context=args.context,
+                   merged_tokens=merged,
+                   join_same_texts=f"{same}/{args.copies}")
         # Per child start, per resume, per join request, per recompute.
         row.update(hooks_child_start=mean(starts),
                    join_child_scheduled=mean(join_children, "scheduled"),
