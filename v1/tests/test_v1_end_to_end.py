@@ -250,3 +250,22 @@ def test_aborting_a_sampled_request_forgets_its_samples(hooked_llm, hook_ids):
     engine.abort_request(["abort-samples"])
     engine.step()
     assert_engine_clean(hooked_llm)
+
+
+def test_a_request_ended_by_a_stop_string_reports_no_tree(
+        hooked_llm, hook_ids):
+    """Pins a gap (docs/v1.md, "Not done yet"): the frontend checks stop
+    strings, ends the request and aborts it in the engine core, so no
+    final engine output carries its tree; the tree is dropped cleanly."""
+    plans = programs(hook_ids)["one promise"]
+    [full] = hooked_llm.generate(["the cat sees"],
+                                 scripted_params(plans, hook_ids),
+                                 use_tqdm=False)
+    assert V1.promise_tree(full) is not None
+    params = scripted_params(plans, hook_ids)
+    params.stop = [" " + full.outputs[0].text.split()[-1]]
+    [stopped] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
+    assert stopped.outputs[0].stop_reason == params.stop[0]
+    assert full.outputs[0].text.startswith(stopped.outputs[0].text)
+    assert V1.promise_tree(stopped) is None
+    assert_engine_clean(hooked_llm)
