@@ -652,8 +652,9 @@ class SequenceHookScheduler(Scheduler):
 
         The frontend sends a request's samples one right after the other.
         In process they all arrive before the next step; with the engine
-        core in its own process, a sample that finished before a sibling
-        arrived (within its first steps) is forgotten, and its tree with it.
+        core in its own process, the tree of a sample that finished before
+        a sibling arrived (within its first steps) goes with its own output
+        only, not with the later samples'.
         """
         is_new = request.request_id not in self.requests
         super().add_request(request)
