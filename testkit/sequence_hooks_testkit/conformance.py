@@ -35,6 +35,8 @@ class Flavour:
     scripted_params: Callable
     # A finished RequestOutput -> its `PromiseNode` tree, or None.
     promise_tree: Callable
+    # (RequestOutput, one of its CompletionOutputs) -> that sample's tree.
+    sample_tree: Callable
     # An LLM -> None; asserts no request, tree or used KV block is left.
     assert_engine_clean: Callable
 
@@ -270,19 +272,82 @@ def check_child_does_not_replay_its_parents_seed(flavour: Flavour, hooked_llm,
     flavour.assert_engine_clean(hooked_llm)
 
 
-def check_parallel_samples(flavour: Flavour, hooked_llm, ids) -> None:
-    """With `n > 1` each sample runs its own tree (merges included); the
-    request reports no tree of its own."""
+def without_request_ids(data: dict) -> dict:
+    """A tree's `to_dict` without the request ids (which differ between
+    samples and runs)."""
+    return {
+        **{
+            key: value
+            for key, value in data.items() if key != "request_id"
+        },
+        "children": [without_request_ids(c) for c in data["children"]],
+    }
+
+
+def check_parallel_samples(flavour: Flavour, hooked_llm, ids, n: int) -> None:
+    """With `n > 1` and a seed, each sample runs its own tree (merges
+    included) and gets it: its root is the sample's tokens and text, one
+    merge of its three children after `<sync>`, each child its plan's
+    length and in the sample's text. Samples differ, a rerun gives the
+    same trees, and the request reports no tree of its own."""
     plans = programs(ids)["several promises"]
-    params = flavour.scripted_params(plans, ids)
-    params.n, params.temperature, params.seed = 2, 1.0, 3
-    [output] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
-    assert len(output.outputs) == 2
+
+    def run():
+        params = flavour.scripted_params(plans, ids)
+        params.n, params.temperature, params.seed = n, 1.0, 3
+        [output] = hooked_llm.generate(["the cat sees"],
+                                       params,
+                                       use_tqdm=False)
+        return output
+
+    output = run()
+    assert len(output.outputs) == n
+    trees = []
     for completion in output.outputs:
         assert completion.finish_reason == "stop"
-        # The parent sampled its plan and EOS; the rest was merged.
-        assert len(completion.token_ids) > len(plans[()]) + 1
+        tree = flavour.sample_tree(output, completion)
+        assert tree.token_ids == tuple(completion.token_ids)
+        assert tree.text == completion.text
+        [(start, count)] = tree.merged_spans
+        assert tree.token_ids[start - 1] == ids.sync
+        assert count == tree.num_merged_tokens > 0
+        assert len(tree.children) == 3
+        for k, child in enumerate(tree.children):
+            assert child.finish_reason == "stop"
+            # Its plan, then the EOS the script forces.
+            assert len(child.token_ids) == len(plans[(k, )]) + 1
+            assert child.text.strip() in completion.text
+        trees.append(without_request_ids(tree.to_dict()))
+    assert len({tuple(c.token_ids) for c in output.outputs}) > 1
     assert flavour.promise_tree(output) is None
+    again = run()
+    assert [
+        without_request_ids(flavour.sample_tree(again, c).to_dict())
+        for c in again.outputs
+    ] == trees
+    flavour.assert_engine_clean(hooked_llm)
+
+
+def check_greedy_samples_have_equal_trees(flavour: Flavour, hooked_llm,
+                                          plain_llm, ids) -> None:
+    """Greedy `n = 2`: both samples are the hook-free (greedy) reference,
+    and so are their trees, which are equal but for the request ids.
+    Greedy as top-k 1: both engines refuse `n > 1` at temperature 0 (the
+    seed only tells V1's scripts the samples apart)."""
+    plans = programs(ids)["several promises"]
+    params = flavour.scripted_params(plans, ids)
+    params.n, params.temperature, params.top_k, params.seed = 2, 1.0, 1, 3
+    [output] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
+    expected = expected_of(flavour, plain_llm, ids, plans,
+                           output.prompt_token_ids)
+    trees = []
+    for completion in output.outputs:
+        assert list(completion.token_ids) == expected.token_ids
+        tree = flavour.sample_tree(output, completion)
+        assert list(tree.token_ids) == expected.token_ids
+        assert_tree_matches(tree, expected)
+        trees.append(without_request_ids(tree.to_dict()))
+    assert len(trees) == 2 and trees[0] == trees[1]
     flavour.assert_engine_clean(hooked_llm)
 
 
@@ -415,6 +480,12 @@ class FlavourConformance:
         check_child_does_not_replay_its_parents_seed(self.flavour, hooked_llm,
                                                      hook_ids)
 
-    def test_parallel_samples_each_run_their_own_tree(self, hooked_llm,
-                                                      hook_ids):
-        check_parallel_samples(self.flavour, hooked_llm, hook_ids)
+    @pytest.mark.parametrize("n", [2, 3])
+    def test_parallel_samples_each_get_their_own_tree(self, hooked_llm,
+                                                      hook_ids, n):
+        check_parallel_samples(self.flavour, hooked_llm, hook_ids, n)
+
+    def test_greedy_samples_get_equal_trees(self, hooked_llm, plain_llm,
+                                            hook_ids):
+        check_greedy_samples_have_equal_trees(self.flavour, hooked_llm,
+                                              plain_llm, hook_ids)

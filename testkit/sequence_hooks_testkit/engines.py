@@ -98,4 +98,5 @@ def assert_engine_clean(llm) -> None:
 # The checks of `conformance` on the V0 engine.
 V0 = Flavour(scripted_params=scripted_params,
              promise_tree=lambda output: output.promise_tree,
+             sample_tree=lambda output, completion: completion.promise_tree,
              assert_engine_clean=assert_engine_clean)

@@ -106,17 +106,19 @@ def assert_engine_clean(llm):
     assert scheduler.requests == {}
     assert scheduler.trees == {} and scheduler.members == {}
     assert scheduler.pending_forks == {}
+    assert scheduler.samples == {}
     assert scheduler.num_waiting_for_streaming_input == 0
     # Every block but the pool's reserved null block is free.
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
 
 
-def _promise_tree(output):
+def _promise_tree(output, completion=None):
     from vllm_sequence_hooks import promise_tree
-    return promise_tree(output)
+    return promise_tree(output, completion)
 
 
 # The checks of `conformance` on the V1 engine.
 V1 = Flavour(scripted_params=scripted_params,
              promise_tree=_promise_tree,
+             sample_tree=_promise_tree,
              assert_engine_clean=assert_engine_clean)

@@ -9,6 +9,7 @@ no request, no tree left.
 """
 
 from sequence_hooks import training_records
+from sequence_hooks.tree import derive_seed
 from sequence_hooks_testkit import conformance
 from sequence_hooks_testkit.programs import NONE, programs
 from sequence_hooks_testkit.v1_engines import (V1, assert_engine_clean,
@@ -171,4 +172,100 @@ def test_a_streamed_requests_tree_comes_with_its_last_delta(
     ]
     [child] = tree.children
     assert child.text.strip() in "".join(o.outputs[0].text for o in deltas)
+    assert_engine_clean(hooked_llm)
+
+
+def seeded_plain(llm, plans, hook_ids, context, max_tokens, seed, role):
+    """The tokens a hook-free request with ``seed`` samples over
+    ``context``, scripted as ``role`` from its first step."""
+    params = scripted_params(plans, hook_ids, max_tokens, role=role)
+    params.temperature, params.seed = 1.0, seed
+    [output] = llm.generate({"prompt_token_ids": context},
+                            params,
+                            use_tqdm=False)
+    return list(output.outputs[0].token_ids)
+
+
+def test_seeded_samples_trees_are_hook_free_requests(hooked_llm, hook_ids):
+    """Each seeded sample's tree is what hook-free requests sample: the
+    root up to its `<sync>` with the sample's seed (the frontend gives
+    sample i the seed + i), each child over its context with the seed
+    derived from that. After the merge the root's generator goes on,
+    which no fresh request replays."""
+    plans = programs(hook_ids)["several promises"]
+    params = scripted_params(plans, hook_ids)
+    params.n, params.temperature, params.seed = 3, 1.0, 3
+    [output] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
+    prompt = output.prompt_token_ids
+    num_before_sync = plans[()].index(hook_ids.sync) + 1
+    for completion in output.outputs:
+        tree = V1.sample_tree(output, completion)
+        seed = params.seed + completion.index
+        assert list(tree.token_ids[:num_before_sync]) == seeded_plain(
+            hooked_llm, plans, hook_ids, prompt, num_before_sync, seed, ())
+        for k, child in enumerate(tree.children):
+            context = (prompt + list(tree.token_ids[:child.fork_position]) +
+                       [hook_ids.child])
+            assert list(child.token_ids) == seeded_plain(
+                hooked_llm, plans, hook_ids, context, len(child.token_ids),
+                derive_seed(seed, f"child-{k}"), (k, ))
+    assert_engine_clean(hooked_llm)
+
+
+def test_each_streamed_sample_brings_its_tree(hooked_llm, hook_ids):
+    from vllm.sampling_params import RequestOutputKind
+    engine = hooked_llm.llm_engine
+    params = scripted_params(programs(hook_ids)["one promise"], hook_ids)
+    params.n, params.temperature, params.seed = 2, 1.0, 5
+    params.output_kind = RequestOutputKind.DELTA
+    engine.add_request("sampled-deltas", {"prompt_token_ids": [7, 8, 9]},
+                       params)
+    deltas = []
+    while engine.has_unfinished_requests():
+        deltas += engine.step()
+    for index in (0, 1):
+        mine = [o for o in deltas if o.outputs[0].index == index]
+        *earlier, last = mine
+        assert all(V1.promise_tree(o) is None for o in earlier)
+        tree = V1.promise_tree(last)
+        assert list(tree.token_ids) == [
+            token for o in mine for token in o.outputs[0].token_ids
+        ]
+        [child] = tree.children
+        assert child.text.strip() in "".join(o.outputs[0].text for o in mine)
+    assert_engine_clean(hooked_llm)
+
+
+def test_aborting_a_sampled_request_forgets_its_samples(hooked_llm, hook_ids):
+    engine = hooked_llm.llm_engine
+    scheduler = scheduler_of(hooked_llm)
+    plans = {(): [hook_ids.promise, hook_ids.sync], (0, ): [NONE] * 40}
+    params = scripted_params(plans, hook_ids)
+    params.n, params.temperature, params.seed = 2, 1.0, 5
+    engine.add_request("abort-samples", {"prompt_token_ids": [7, 8, 9]},
+                       params)
+    for _ in range(5):
+        engine.step()
+    assert len(scheduler.samples) == 1
+    engine.abort_request(["abort-samples"])
+    engine.step()
+    assert_engine_clean(hooked_llm)
+
+
+def test_a_request_ended_by_a_stop_string_reports_no_tree(
+        hooked_llm, hook_ids):
+    """Pins a gap (docs/v1.md, "Not done yet"): the frontend checks stop
+    strings, ends the request and aborts it in the engine core, so no
+    final engine output carries its tree; the tree is dropped cleanly."""
+    plans = programs(hook_ids)["one promise"]
+    [full] = hooked_llm.generate(["the cat sees"],
+                                 scripted_params(plans, hook_ids),
+                                 use_tqdm=False)
+    assert V1.promise_tree(full) is not None
+    params = scripted_params(plans, hook_ids)
+    params.stop = [" " + full.outputs[0].text.split()[-1]]
+    [stopped] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
+    assert stopped.outputs[0].stop_reason == params.stop[0]
+    assert full.outputs[0].text.startswith(stopped.outputs[0].text)
+    assert V1.promise_tree(stopped) is None
     assert_engine_clean(hooked_llm)

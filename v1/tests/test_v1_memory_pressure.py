@@ -9,15 +9,17 @@ the pool and their children cannot be admitted: parked parents are
 evicted and recompute their context at resume. Every tree must finish
 with the outputs of the same requests on the session's roomy engine (the
 random policy draws each token from a hash of the context, so the
-engines' logits do not matter) and leave every block free.
+engines' logits do not matter) and leave every block free. Seeded parents
+evicted there sample on after their resume as they do without pressure.
 """
 
 import pytest
 
 from sequence_hooks_testkit.conformance import assert_fuzz_outcome, hook_odds
+from sequence_hooks_testkit.programs import NONE
 from sequence_hooks_testkit.v1_engines import (assert_engine_clean,
                                                run_to_the_end, scheduler_of,
-                                               v1_llm)
+                                               scripted_params, v1_llm)
 from sequence_hooks_testkit.v1_scripted_logits import POLICY_KEY
 from vllm import SamplingParams
 
@@ -141,3 +143,94 @@ def test_parked_parents_are_evicted_and_recompute_at_resume(
         for resumed, chunk, start in resumes
     ]
     assert any(n > 0 for n in recomputed), recomputed
+
+
+# Seeded parents: each promises, syncs at once, and samples 10 more words
+# after the merge; its child writes 6. Seeds by request id.
+SEEDS = {"a": 11, "b": 12}
+
+
+def seeded_plans(hook_ids):
+    return {
+        (): [NONE, hook_ids.promise, hook_ids.sync] + [NONE] * 10,
+        (0, ): [NONE] * 6
+    }
+
+
+def seeded_prompt(name: str) -> list[int]:
+    """A 90-token prompt of words, one per seeded parent."""
+    stride = 3 + sorted(SEEDS).index(name)
+    return [7 + i * stride % 30 for i in range(90)]
+
+
+def run_seeded_parents(llm, hook_ids, names,
+                       monkeypatch) -> tuple[dict[str, tuple], set[str]]:
+    """Runs the seeded parents ``names`` together to the end on ``llm``.
+
+    Each prompt is 90 tokens (three blocks), so two parked parents and a
+    child's copy of a partial block fill the 7-block pool.
+
+    Returns:
+        Each request's final (token ids, text), and the requests whose
+        parked parent was evicted.
+    """
+    engine = llm.llm_engine
+    scheduler = scheduler_of(llm)
+    evicted = set()
+    evict = scheduler._evict
+
+    def recorded_evict(request):
+        evicted.add(request.request_id.rsplit("-", 1)[0])
+        return evict(request)
+
+    for name in names:
+        params = scripted_params(seeded_plans(hook_ids), hook_ids, 40)
+        params.temperature, params.seed = 1.0, SEEDS[name]
+        engine.add_request(name, {"prompt_token_ids": seeded_prompt(name)},
+                           params)
+    results = {}
+    with monkeypatch.context() as patch:
+        patch.setattr(scheduler, "_evict", recorded_evict)
+        while engine.has_unfinished_requests():
+            results.update({
+                out.request_id:
+                (list(out.outputs[0].token_ids), out.outputs[0].text)
+                for out in engine.step() if out.finished
+            })
+    assert_engine_clean(llm)
+    return results, evicted
+
+
+def test_an_evicted_seeded_parent_samples_as_without_pressure(
+        tighter_llm, hook_ids, monkeypatch):
+    """A resumed parent keeps its generator, evicted or not: the model
+    runner still holds its request (an eviction frees only KV blocks), and
+    the recomputing resume reaches it as the session's next chunk."""
+    alone = {}
+    for name in SEEDS:
+        results, evicted = run_seeded_parents(tighter_llm, hook_ids, [name],
+                                              monkeypatch)
+        assert not evicted
+        alone.update(results)
+    together, evicted = run_seeded_parents(tighter_llm, hook_ids, list(SEEDS),
+                                           monkeypatch)
+    assert evicted, "no parked parent was evicted"
+    assert together == alone
+    # Not a replay of the seed: a fresh request with the seed over the
+    # merged context samples other words than the resumed parent did.
+    [name] = sorted(evicted)[:1]
+    token_ids, _ = together[name]
+    resumed_at = len(token_ids) - 11
+    params = scripted_params(seeded_plans(hook_ids),
+                             hook_ids,
+                             11,
+                             role=(),
+                             step=3)
+    params.temperature, params.seed = 1.0, SEEDS[name]
+    [fresh] = tighter_llm.generate(
+        {"prompt_token_ids": seeded_prompt(name) + token_ids[:resumed_at]},
+        params,
+        use_tqdm=False)
+    assert len(fresh.outputs[0].token_ids) == 11
+    assert list(fresh.outputs[0].token_ids) != token_ids[resumed_at:]
+    assert_engine_clean(tighter_llm)

@@ -7,8 +7,8 @@ The server runs the tiny model on 127.0.0.1 with the hook scheduler and the
 scripted logits processor; each request carries its script as JSON in
 `vllm_xargs`. A streamed answer must be the non-streamed one, chunk by
 chunk of one choice only (children never show up in a stream), and the
-non-streamed answer carries the tree in `kv_transfer_params`; the hook
-metrics reach the server's `/metrics`.
+non-streamed answer carries the tree in `kv_transfer_params`, one per
+choice with `n > 1`; the hook metrics reach the server's `/metrics`.
 """
 
 import json
@@ -161,6 +161,32 @@ def test_served_answers_merge_children_and_stream_only_the_parent(
     assert text_streamed == text
     assert {chunk["id"] for chunk in chunks} == {chunks[0]["id"]}
     assert {c["index"] for chunk in chunks for c in chunk["choices"]} == {0}
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_each_served_choice_has_its_tree(server, hook_ids, tiny_model_path,
+                                         chat):
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    request = body(hook_ids, tiny_model_path, False, chat)
+    # Sampled (V1 refuses n > 1 greedy); the seed tells the scripts apart.
+    request.update(n=2, temperature=1.0, seed=7)
+    response = requests.post(server + path,
+                             json=request,
+                             timeout=REQUEST_TIMEOUT_S)
+    response.raise_for_status()
+    answer = response.json()
+    trees = answer["kv_transfer_params"]["promise_trees"]
+    assert "promise_tree" not in answer["kv_transfer_params"]
+    assert sorted(trees) == ["0", "1"]
+    for choice in answer["choices"]:
+        text = choice["message"]["content"] if chat else choice["text"]
+        tree = trees[str(choice["index"])]
+        [child] = tree["children"]
+        assert child["finish_reason"] == "stop"
+        assert child["text"].strip() and child["text"].strip() in text
+        assert tree["num_merged_tokens"] > 0
+    assert trees["0"]["children"][0]["text"] != trees["1"]["children"][0][
+        "text"]
 
 
 def hook_metric(url: str, name: str) -> float:

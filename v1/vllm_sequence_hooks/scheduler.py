@@ -8,9 +8,10 @@ core, after the stock `update_from_output` has appended and stop-checked the
 step's sampled tokens. See docs/v1.md.
 """
 
+import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -35,6 +36,14 @@ CONFIG_KEY = "special_kwargs"
 # tree's snapshot (`PromiseNode.to_dict(top_logprobs=True)`): the one
 # per-request dict V1 passes from the engine core to the frontend's outputs.
 TREE_KEY = "promise_tree"
+# Key that replaces it on a sample of an `n > 1` request: the trees of the
+# request's samples finished so far, by sample index (a string, as JSON
+# keys are), each as under TREE_KEY. The frontend keeps only the last
+# finishing sample's `kv_transfer_params` for the request's output.
+SAMPLE_TREES_KEY = "promise_trees"
+# Engine request id of a sample V1's frontend fans an `n > 1` request out
+# to: "<index>_<the request's id>" (`ParentRequest.get_child_info`).
+SAMPLE_ID = re.compile(r"(\d+)_(.+)", re.DOTALL)
 # Logprob given to a merged token in the request's logprobs (as on V0).
 MERGED_TOKEN_LOGPROB = 0.0
 
@@ -52,6 +61,16 @@ class Member:
     # A child's sampled tokens' logprobs so far (None where merged); None
     # unless the request asked for logprobs (the root's are its output's).
     logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+
+
+@dataclass
+class Samples:
+    """The samples of one `n > 1` request this engine core runs."""
+
+    # Request ids of its samples that have not finished.
+    live: set[str] = field(default_factory=set)
+    # Finished samples' trees (`PromiseNode.to_dict`), by sample index.
+    trees: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
@@ -124,6 +143,9 @@ class SequenceHookScheduler(Scheduler):
         # Parked parents whose KV blocks were freed under pressure: they
         # recompute their context when they resume.
         self.evicted: set[str] = set()
+        # The samples of each `n > 1` request, by the request's id: each
+        # sample's tree travels with every later finishing sample's output.
+        self.samples: dict[str, Samples] = {}
         # V0's `vllm:sequence_hook_*` metrics (docs/v1.md: how they reach
         # `/metrics` from the engine core's process).
         self.metrics = SequenceHookMetrics(
@@ -287,6 +309,9 @@ class SequenceHookScheduler(Scheduler):
                 out for out in outputs.outputs
                 if out.request_id not in children
             ]
+            for out in outputs.outputs:
+                if out.finish_reason is not None:
+                    self._report_sample_trees(out)
         for client_index, outputs in extra.items():
             engine_outputs.setdefault(
                 client_index, EngineCoreOutputs()).outputs.extend(outputs)
@@ -550,6 +575,39 @@ class SequenceHookScheduler(Scheduler):
             params[TREE_KEY] = tree.snapshot().to_dict(top_logprobs=True)
             out.kv_transfer_params = params
 
+    def _report_sample_trees(self, out: EngineCoreOutput) -> None:
+        """Sends a finished sample's tree, and its finished siblings', with
+        its output: the frontend keeps the last finishing sample's
+        `kv_transfer_params` for the request, and outputs reach it in the
+        order sent."""
+        samples = self._samples_of(out.request_id)
+        if samples is None:
+            return
+        index = SAMPLE_ID.fullmatch(out.request_id)[1]
+        params = dict(out.kv_transfer_params or {})
+        tree = params.pop(TREE_KEY, None)
+        if tree is not None:
+            samples.trees[index] = tree
+        if samples.trees:
+            params[SAMPLE_TREES_KEY] = dict(samples.trees)
+        out.kv_transfer_params = params or None
+        self._sample_done(out.request_id)
+
+    def _samples_of(self, request_id: str) -> Optional[Samples]:
+        """The samples a live sample of an `n > 1` request belongs to."""
+        match = SAMPLE_ID.fullmatch(request_id)
+        samples = None if match is None else self.samples.get(match[2])
+        return (samples if samples is not None and request_id in samples.live
+                else None)
+
+    def _sample_done(self, request_id: str) -> None:
+        """Forgets a sample's request's samples when none is left live."""
+        samples = self._samples_of(request_id)
+        if samples is not None:
+            samples.live.discard(request_id)
+            if not samples.live:
+                del self.samples[SAMPLE_ID.fullmatch(request_id)[2]]
+
     def _forget(self, tree: PromiseTreeState) -> None:
         for node in tree.root.subtree():
             self.trees.pop(node.request_id, None)
@@ -580,6 +638,7 @@ class SequenceHookScheduler(Scheduler):
             request_ids = list(request_ids)
         for request_id in list(self.requests if request_ids is
                                None else request_ids):
+            self._sample_done(request_id)
             tree = self.trees.get(request_id)
             if tree is not None and tree.root.request_id == request_id:
                 self._abort(tree, tree.root.live_descendants())
@@ -587,6 +646,22 @@ class SequenceHookScheduler(Scheduler):
                 self._unpark(tree.root)
                 self._forget(tree)
         return super().finish_requests(request_ids, finished_status)
+
+    def add_request(self, request: Request) -> None:
+        """Adds as upstream; notes the samples of `n > 1` requests.
+
+        The frontend sends a request's samples one right after the other.
+        In process they all arrive before the next step; with the engine
+        core in its own process, the tree of a sample that finished before
+        a sibling arrived (within its first steps) goes with its own output
+        only, not with the later samples'.
+        """
+        is_new = request.request_id not in self.requests
+        super().add_request(request)
+        match = SAMPLE_ID.fullmatch(request.request_id)
+        if is_new and match is not None:
+            self.samples.setdefault(match[2],
+                                    Samples()).live.add(request.request_id)
 
     def get_tree_snapshot(self, request_id: str) -> Optional[dict[str, Any]]:
         """The live tree of a request, for inspection (None if none)."""
