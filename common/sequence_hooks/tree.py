@@ -328,6 +328,13 @@ class PromiseTreeState:
         """
         node.finish_reason = finish_reason
         node.token_ids = token_ids
+        # A stop string inside merged text (V1 checks it there) ends the
+        # tokens within their last merge: the spans end with them.
+        node.merged_spans = [(start, min(count,
+                                         len(token_ids) - start))
+                             for start, count in node.merged_spans
+                             if start < len(token_ids)]
+        node.num_merged_tokens = sum(count for _, count in node.merged_spans)
         node.text = text
         node.logprobs = logprobs
         node.cumulative_logprob = cumulative_logprob

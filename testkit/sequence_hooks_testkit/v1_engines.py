@@ -98,15 +98,15 @@ def run_to_the_end(engine,
 
 
 def assert_engine_clean(llm):
-    """Nothing left behind: no request, tree, parked session, pending fork
-    or used KV block."""
+    """Nothing left behind: no request, tree, parked session, pending fork,
+    stop-string check or used KV block."""
     scheduler = scheduler_of(llm)
     pool = scheduler.kv_cache_manager.block_pool
     assert not llm.llm_engine.has_unfinished_requests()
     assert scheduler.requests == {}
     assert scheduler.trees == {} and scheduler.members == {}
     assert scheduler.pending_forks == {}
-    assert scheduler.samples == {}
+    assert scheduler.samples == {} and scheduler.stop_checks == {}
     assert scheduler.num_waiting_for_streaming_input == 0
     # Every block but the pool's reserved null block is free.
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1

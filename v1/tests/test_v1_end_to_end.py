@@ -252,20 +252,138 @@ def test_aborting_a_sampled_request_forgets_its_samples(hooked_llm, hook_ids):
     assert_engine_clean(hooked_llm)
 
 
-def test_a_request_ended_by_a_stop_string_reports_no_tree(
-        hooked_llm, hook_ids):
-    """Pins a gap (docs/v1.md, "Not done yet"): the frontend checks stop
-    strings, ends the request and aborts it in the engine core, so no
-    final engine output carries its tree; the tree is dropped cleanly."""
-    plans = programs(hook_ids)["one promise"]
-    [full] = hooked_llm.generate(["the cat sees"],
-                                 scripted_params(plans, hook_ids),
-                                 use_tqdm=False)
-    assert V1.promise_tree(full) is not None
+def generate_one(llm, plans, hook_ids, stop_word=None, **fields):
+    """The output of one scripted request, stopped at ``stop_word`` (a
+    word after a space) if given, with `SamplingParams` ``fields``."""
     params = scripted_params(plans, hook_ids)
-    params.stop = [" " + full.outputs[0].text.split()[-1]]
-    [stopped] = hooked_llm.generate(["the cat sees"], params, use_tqdm=False)
-    assert stopped.outputs[0].stop_reason == params.stop[0]
-    assert full.outputs[0].text.startswith(stopped.outputs[0].text)
-    assert V1.promise_tree(stopped) is None
+    if stop_word is not None:
+        params.stop = [" " + stop_word]
+    for name, value in fields.items():
+        setattr(params, name, value)
+    [output] = llm.generate(["the cat sees"], params, use_tqdm=False)
+    return output
+
+
+def finished_children(tree):
+    return [(child.token_ids, child.text, child.finish_reason)
+            for child in tree.children]
+
+
+def test_a_request_ended_by_a_stop_string_reports_its_tree(
+        hooked_llm, hook_ids):
+    """Stopped after its merge: the tree is the whole run's up to the
+    stop, the root finished with "stop" where its output ends."""
+    plans = programs(hook_ids)["one promise"]
+    full = generate_one(hooked_llm, plans, hook_ids)
+    full_tree = V1.promise_tree(full)
+    word = full.outputs[0].text.split()[-2]
+    stopped = generate_one(hooked_llm, plans, hook_ids, word)
+    completion = stopped.outputs[0]
+    assert completion.stop_reason == " " + word
+    assert full.outputs[0].text.startswith(completion.text + " " + word)
+    tree = V1.promise_tree(stopped)
+    assert tree.finish_reason == "stop"
+    assert tree.text == completion.text
+    assert tree.token_ids == tuple(completion.token_ids)
+    assert tree.token_ids == full_tree.token_ids[:len(tree.token_ids)]
+    assert len(tree.token_ids) < len(full_tree.token_ids)
+    assert tree.merged_spans == full_tree.merged_spans
+    assert finished_children(tree) == finished_children(full_tree)
+    assert_engine_clean(hooked_llm)
+
+
+def test_a_stop_string_aborts_the_children_still_running(hooked_llm, hook_ids):
+    """As on V0: the root stops, its running child is aborted."""
+    plans = {
+        (): [NONE, hook_ids.promise, NONE, NONE, NONE, NONE, hook_ids.sync],
+        (0, ): [NONE] * 12,
+    }
+    full = generate_one(hooked_llm, plans, hook_ids)
+    # The root's second word after its `<promise>`: its child has begun.
+    word = full.outputs[0].text.split()[2]
+    stopped = generate_one(hooked_llm, plans, hook_ids, word)
+    tree = V1.promise_tree(stopped)
+    assert tree.finish_reason == "stop"
+    assert tree.token_ids == tuple(stopped.outputs[0].token_ids)
+    assert tree.token_ids[1] == hook_ids.promise and len(tree.token_ids) == 4
+    assert tree.num_merged_tokens == 0
+    [child] = tree.children
+    assert child.finish_reason == "abort"
+    assert_engine_clean(hooked_llm)
+
+
+def test_a_stop_string_in_merged_text_ends_the_root_inside_its_merge(
+        hooked_llm, hook_ids):
+    """V1 checks stop strings in merged text (V0 does not): the root's
+    tokens, as its output's, end inside the merge, and so does the span."""
+    plans = programs(hook_ids)["one promise"]
+    full_tree = V1.promise_tree(generate_one(hooked_llm, plans, hook_ids))
+    [child] = full_tree.children
+    stopped = generate_one(hooked_llm, plans, hook_ids, child.text.split()[2])
+    tree = V1.promise_tree(stopped)
+    assert tree.finish_reason == "stop"
+    assert tree.token_ids == tuple(stopped.outputs[0].token_ids)
+    [(start, count)] = tree.merged_spans
+    [(full_start, full_count)] = full_tree.merged_spans
+    assert start == full_start and 0 < count < full_count
+    assert start + count == len(tree.token_ids)
+    assert tree.num_merged_tokens == count
+    assert finished_children(tree) == finished_children(full_tree)
+    assert_engine_clean(hooked_llm)
+
+
+def test_a_streamed_request_ended_by_a_stop_string_brings_its_tree(
+        hooked_llm, hook_ids):
+    from vllm.sampling_params import RequestOutputKind
+    engine = hooked_llm.llm_engine
+    plans = programs(hook_ids)["one promise"]
+    full_tree = V1.promise_tree(generate_one(hooked_llm, plans, hook_ids))
+    word = full_tree.text.split()[-2]
+    params = scripted_params(plans, hook_ids)
+    params.stop, params.output_kind = [" " + word], RequestOutputKind.DELTA
+    engine.add_request("stopped-deltas", "the cat sees", params)
+    deltas = []
+    while engine.has_unfinished_requests():
+        deltas += engine.step()
+    *earlier, last = deltas
+    assert last.finished and last.outputs[0].stop_reason == " " + word
+    assert all(V1.promise_tree(o) is None for o in earlier)
+    tree = V1.promise_tree(last)
+    assert tree.finish_reason == "stop"
+    assert list(tree.token_ids) == [
+        token for o in deltas for token in o.outputs[0].token_ids
+    ]
+    assert tree.text == "".join(o.outputs[0].text for o in deltas)
+    [child] = tree.children
+    assert child.finish_reason == "stop"
+    assert_engine_clean(hooked_llm)
+
+
+def test_each_sample_ended_by_a_stop_string_reports_its_tree(
+        hooked_llm, hook_ids):
+    """n = 2 seeded: a stop string of one sample's text stops that sample
+    only; each sample's tree is there, the other's as without it."""
+    plans = programs(hook_ids)["one promise"]
+    fields = dict(n=2, temperature=1.0, seed=3)
+    full = generate_one(hooked_llm, plans, hook_ids, **fields)
+    full_samples = {
+        completion.index: completion
+        for completion in full.outputs
+    }
+    first, second = full_samples[0], full_samples[1]
+    word = next(word for word in reversed(first.text.split()[:-1])
+                if word not in second.text.split())
+    stopped = generate_one(hooked_llm, plans, hook_ids, word, **fields)
+    for completion in stopped.outputs:
+        tree = V1.promise_tree(stopped, completion)
+        full_tree = V1.promise_tree(full, full_samples[completion.index])
+        assert tree.finish_reason == "stop"
+        assert tree.text == completion.text
+        assert tree.token_ids == tuple(completion.token_ids)
+        assert finished_children(tree) == finished_children(full_tree)
+        if completion.index == first.index:
+            assert completion.stop_reason == " " + word
+            assert len(tree.token_ids) < len(full_tree.token_ids)
+        else:
+            assert tree.token_ids == full_tree.token_ids
     assert_engine_clean(hooked_llm)

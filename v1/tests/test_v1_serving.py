@@ -99,8 +99,12 @@ def server(tiny_model_path, tmp_path_factory):
             process.wait()
 
 
-def body(hook_ids, tiny_model_path, stream: bool, chat: bool) -> dict:
-    plans = programs(hook_ids)["sync before the child finishes"]
+def body(hook_ids,
+         tiny_model_path,
+         stream: bool,
+         chat: bool,
+         program: str = "sync before the child finishes") -> dict:
+    plans = programs(hook_ids)[program]
     script = make_script(plans, hook_ids, MASKED_IDS)
     request = {
         "model": str(tiny_model_path),
@@ -187,6 +191,40 @@ def test_each_served_choice_has_its_tree(server, hook_ids, tiny_model_path,
         assert tree["num_merged_tokens"] > 0
     assert trees["0"]["children"][0]["text"] != trees["1"]["children"][0][
         "text"]
+
+
+def answered(url: str, request: dict, chat: bool) -> tuple[dict, str, dict]:
+    """The only choice of a non-streamed answer, its text, and the answer.
+    """
+    response = requests.post(url, json=request, timeout=REQUEST_TIMEOUT_S)
+    response.raise_for_status()
+    answer = response.json()
+    [choice] = answer["choices"]
+    return choice, choice["message"]["content"] if chat else choice[
+        "text"], answer
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_a_served_answer_ended_by_a_stop_string_has_its_tree(
+        server, hook_ids, tiny_model_path, chat):
+    url = server + ("/v1/chat/completions" if chat else "/v1/completions")
+    request = body(hook_ids, tiny_model_path, False, chat, "one promise")
+    _, full_text, full = answered(url, request, chat)
+    word = full_text.split()[-2]
+    request["stop"] = [" " + word]
+    choice, text, answer = answered(url, request, chat)
+    assert choice["finish_reason"] == "stop"
+    assert choice["stop_reason"] == " " + word
+    assert full_text.startswith(text + " " + word)
+    tree = answer["kv_transfer_params"]["promise_tree"]
+    # The engine core's text of the root: its stop check's.
+    assert tree["finish_reason"] == "stop" and tree["text"] == text
+    full_tree = full["kv_transfer_params"]["promise_tree"]
+    assert tree["merged_spans"] == full_tree["merged_spans"]
+    assert [(child["token_ids"], child["text"], child["finish_reason"])
+            for child in tree["children"]
+            ] == [(child["token_ids"], child["text"], child["finish_reason"])
+                  for child in full_tree["children"]]
 
 
 def hook_metric(url: str, name: str) -> float:

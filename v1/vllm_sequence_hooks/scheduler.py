@@ -12,6 +12,7 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import numpy as np
@@ -26,7 +27,8 @@ from vllm.tokenizers import cached_tokenizer_from_config
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
@@ -146,6 +148,9 @@ class SequenceHookScheduler(Scheduler):
         # The samples of each `n > 1` request, by the request's id: each
         # sample's tree travels with every later finishing sample's output.
         self.samples: dict[str, Samples] = {}
+        # The frontend's stop-string check, mirrored for each request whose
+        # outputs carry trees and that has stop strings, by request id.
+        self.stop_checks: dict[str, IncrementalDetokenizer] = {}
         # V0's `vllm:sequence_hook_*` metrics (docs/v1.md: how they reach
         # `/metrics` from the engine core's process).
         self.metrics = SequenceHookMetrics(
@@ -309,13 +314,83 @@ class SequenceHookScheduler(Scheduler):
                 out for out in outputs.outputs
                 if out.request_id not in children
             ]
-            for out in outputs.outputs:
-                if out.finish_reason is not None:
-                    self._report_sample_trees(out)
         for client_index, outputs in extra.items():
             engine_outputs.setdefault(
                 client_index, EngineCoreOutputs()).outputs.extend(outputs)
+        for outputs in engine_outputs.values():
+            for out in outputs.outputs:
+                if out.finish_reason is None:
+                    self._check_stop_strings(out)
+                if out.finish_reason is not None:
+                    self.stop_checks.pop(out.request_id, None)
+                    self._report_sample_trees(out)
         return engine_outputs
+
+    def _check_stop_strings(self, out: EngineCoreOutput) -> None:
+        """Ends a request whose output completes a stop string, with its
+        tree, if its outputs carry trees.
+
+        The frontend checks stop strings and then aborts the request in
+        the engine core, so no output of the core would carry the tree.
+        Here the frontend's own incremental detokenizer is fed the same
+        tokens, so the stop is found in the same output, which ends the
+        request (as V0's engine does) and carries the tree.
+        """
+        request = self.requests.get(out.request_id)
+        if (request is None or request.is_finished()
+                or not request.sampling_params.stop):
+            return
+        check = self.stop_checks.get(out.request_id)
+        if check is None:
+            if not self._carries_trees(out.request_id):
+                return
+            check = self._new_stop_check(request, len(out.new_token_ids))
+        if check.update(out.new_token_ids, False) is None:
+            return
+        tree = self.trees.get(out.request_id)
+        if tree is not None:
+            # As on V0: live children are aborted, the root stops there;
+            # its tokens end where the frontend cuts them.
+            self._abort(tree, tree.root.live_descendants())
+            self._unpark(tree.root)
+            tree.record_finish(
+                tree.root, "stop", list(check.output_token_ids),
+                without_hook_tokens(check.output_text,
+                                    self.hook_token_strings))
+            self._report_tree(tree, out)
+        super().finish_requests(out.request_id, RequestStatus.FINISHED_STOPPED)
+        # The frontend finds the same stop string and reports it; were it
+        # not to, the request would end aborted rather than wait forever.
+        out.finish_reason = FinishReason.ABORT
+
+    def _carries_trees(self, request_id: str) -> bool:
+        """Whether a request's last output must carry trees: a tree's
+        root, or a sample of a request whose samples have trees."""
+        if request_id in self.trees:
+            return True
+        samples = self._samples_of(request_id)
+        return samples is not None and (bool(samples.trees)
+                                        or any(sample in self.trees
+                                               for sample in samples.live))
+
+    def _new_stop_check(self, request: Request,
+                        num_new: int) -> IncrementalDetokenizer:
+        """The frontend's detokenizer of a request, fed its output tokens
+        but the ``num_new`` last: it starts when the request's outputs
+        start carrying trees."""
+        member = self.members.get(request.request_id)
+        start = (request.num_prompt_tokens if member is None else member.start)
+        tokens = request.all_token_ids
+        # What the detokenizer reads of the frontend's `EngineCoreRequest`.
+        check = IncrementalDetokenizer.from_new_request(
+            self.tokenizer,
+            SimpleNamespace(request_id=request.request_id,
+                            prompt_token_ids=list(tokens[:start]),
+                            prompt_embeds=None,
+                            sampling_params=request.sampling_params))
+        check.update(list(tokens[start:len(tokens) - num_new]), False)
+        self.stop_checks[request.request_id] = check
+        return check
 
     def _is_child(self, request_id: str) -> bool:
         tree = self.trees.get(request_id)
@@ -639,6 +714,7 @@ class SequenceHookScheduler(Scheduler):
         for request_id in list(self.requests if request_ids is
                                None else request_ids):
             self._sample_done(request_id)
+            self.stop_checks.pop(request_id, None)
             tree = self.trees.get(request_id)
             if tree is not None and tree.root.request_id == request_id:
                 self._abort(tree, tree.root.live_descendants())
