@@ -208,9 +208,11 @@ def answered(url: str, request: dict, chat: bool) -> tuple[dict, str, dict]:
 def test_a_served_answer_ended_by_a_stop_string_has_its_tree(
         server, hook_ids, tiny_model_path, chat):
     url = server + ("/v1/chat/completions" if chat else "/v1/completions")
-    request = body(hook_ids, tiny_model_path, False, chat, "one promise")
-    _, full_text, full = answered(url, request, chat)
+    _, full_text, full = answered(
+        url, body(hook_ids, tiny_model_path, False, chat, "one promise"), chat)
     word = full_text.split()[-2]
+    # A new script (its progress is kept per script).
+    request = body(hook_ids, tiny_model_path, False, chat, "one promise")
     request["stop"] = [" " + word]
     choice, text, answer = answered(url, request, chat)
     assert choice["finish_reason"] == "stop"
