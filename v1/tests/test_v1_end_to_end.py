@@ -315,7 +315,8 @@ def test_a_stop_string_aborts_the_children_still_running(hooked_llm, hook_ids):
 def test_a_stop_string_in_merged_text_ends_the_root_inside_its_merge(
         hooked_llm, hook_ids):
     """V1 checks stop strings in merged text (V0 does not): the root's
-    tokens, as its output's, end inside the merge, and so does the span."""
+    tokens, as its output's, end inside the merge, and so does the span.
+    Nothing checks the child's (V0 would cut its text at the stop)."""
     plans = programs(hook_ids)["one promise"]
     full_tree = V1.promise_tree(generate_one(hooked_llm, plans, hook_ids))
     [child] = full_tree.children

@@ -113,7 +113,10 @@ class SequenceHookScheduler(Scheduler):
       finished, their texts are appended as the session's next input chunk,
       so the resume computes exactly `<sync>` plus the merged tokens.
     - Children's outputs never leave the engine core; the merged tokens and,
-      at the end, the tree's snapshot reach the root's output.
+      at the end, the tree's snapshot reach the root's output. A request
+      whose outputs carry trees and that has stop strings is also
+      stop-checked here, as the frontend checks it, so that it ends with
+      its tree in the output the frontend stops at.
 
     The tree is the engine-neutral `PromiseTreeState` the V0 fork keeps.
     """
