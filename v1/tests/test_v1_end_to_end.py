@@ -307,8 +307,10 @@ def test_a_stop_string_aborts_the_children_still_running(hooked_llm, hook_ids):
     assert tree.token_ids == tuple(stopped.outputs[0].token_ids)
     assert tree.token_ids[1] == hook_ids.promise and len(tree.token_ids) == 4
     assert tree.num_merged_tokens == 0
+    # What V0 reports of a child its stopped root aborted.
     [child] = tree.children
     assert child.finish_reason == "abort"
+    assert child.token_ids == () and child.text == ""
     assert_engine_clean(hooked_llm)
 
 
