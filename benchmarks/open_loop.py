@@ -15,8 +15,8 @@ Three sides, each with its own engine in one process:
 - critical_path and stock_order: two hooked engines that differ only in
   `SpecialKwargs.critical_path_first`;
 - join: the peer client (`sequence_hooks_testkit.client_join`) over a
-  stock engine (no `special_kwargs`; prefix caching on, as a real join
-  user would, with the scheduling options hooks turn on). Each arrival
+  stock engine (no `special_kwargs`; with the scheduling options hooks
+  turn on). Each arrival
   starts a `JoinTask`: its parent's request samples its own promises and
   `<sync>` (the same script, no tokens for free), each `<promise>` sends a
   child request at once, and one continuation request goes out over the
@@ -24,8 +24,11 @@ Three sides, each with its own engine in one process:
   request. A child request queues as a new arrival would; a hooked child
   inherits its parent's place.
 
-`--max-num-seqs` makes running slots scarce, `--num-gpu-blocks` (with
-`--block-size`) KV blocks; the stock engine gets the same. The clock is
+Prefix caching is on for every side (a join relies on it; without it the
+hooked sides would recompute preempted prefixes the join gets back from
+the cache). `--max-num-seqs` makes running slots scarce,
+`--num-gpu-blocks` (with `--block-size`) KV blocks; the stock engine gets
+the same. The clock is
 engine steps by default: arrivals come every 1/rate steps and latencies
 are counted in steps, so the figures do not move with other load on the
 machine (`--clock seconds` for wall time). The join's steps are as
@@ -72,11 +75,10 @@ REFERENCE = "critical_path"
 # The client-side join's side.
 JOIN = "join"
 # The stock engine's options for the join: the scheduling options hooks
-# turn on, and prefix caching.
+# turn on (prefix caching is on for every side).
 JOIN_ENGINE_OPTIONS = {
     "enable_chunked_prefill": True,
     "disable_async_output_proc": True,
-    "enable_prefix_caching": True,
 }
 PROMPTS = ["the cat sees", "one two three", "big red dog", "a small bird"]
 
@@ -301,6 +303,10 @@ def hook_setup(args, workload: Workload):
         "dtype": args.dtype,
         "max_model_len": max_len,
         "max_num_seqs": args.max_num_seqs,
+        # On for every side: the join relies on it, and a hooked engine
+        # with it recomputes a preempted sequence's cached blocks no more
+        # than the join does.
+        "enable_prefix_caching": True,
     }
     if args.block_size:
         engine_args["block_size"] = args.block_size

@@ -7,10 +7,10 @@ A request names 2 to 8 countries. The system prompt selects the form:
 - parallel: the parent lists the countries, each followed by a `<promise>`
   ("1. Peru<promise>\n2. Chile<promise>"), then `<sync>`. The child of a
   promise (its context ends with its own country, the promise and
-  `<child>`) writes one sentence about that country ("Peru: the capital
-  city of Peru is Lima."). The engine appends the children's texts, joined
-  by "\n", after the `<sync>`; the parent then concludes ("\nSo the
-  capitals are Lima and Santiago.") and ends.
+  `<child>`) writes one sentence about that country ("For Peru: the
+  capital city of Peru is Lima."). The engine appends the children's
+  texts, joined by "\n", after the `<sync>`; the parent then concludes
+  ("\nSo the capitals are Lima and Santiago.") and ends.
 - sequential: the parent writes each country's line and then its sentence
   in turn, then the same conclusion.
 
@@ -259,8 +259,13 @@ def item_heading(index: int, country: str) -> str:
 
 
 def item_sentence(country: str, capital: str) -> str:
-    """The sentence that answers for ``country`` (at least 10 tokens)."""
-    return f"{country}: the capital city of {country} is {capital}."
+    """The sentence that answers for ``country`` (at least 10 tokens).
+
+    It opens with "For" so that the country's name follows a space, as in
+    the parent's list: a BPE tokenizer then spells it with the same tokens
+    the child copies from its context (a name at the start of a line is
+    split differently, which the model garbled for unseen countries)."""
+    return f"For {country}: the capital city of {country} is {capital}."
 
 
 def sequential_answer(task: Task) -> str:
@@ -280,7 +285,7 @@ def expected_sentences(task: Task) -> list[str]:
     return [item_sentence(c, CAPITALS[c]) for c in task.countries]
 
 
-SENTENCE = re.compile(r"(.+?): the capital city of (.+?) is (.+?)\.$")
+SENTENCE = re.compile(r"For (.+?): the capital city of (.+?) is (.+?)\.$")
 CONCLUSION = re.compile(r"So the capitals are (.+)\.$")
 
 

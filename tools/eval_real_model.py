@@ -102,16 +102,25 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         use_tqdm=False)
     seconds = time.monotonic() - start
     correct = solved = spawned = own_item = sentences = 0
-    failures = []
+    failures, per_task = [], []
     for t, output in zip(tasks, outputs):
         text = output.outputs[0].text
         right = task.answers_correct(t, text)
         correct += sum(right)
         solved += all(right)
-        sentences += sum(task.sentences_correct(t, text))
+        said = task.sentences_correct(t, text)
+        sentences += sum(said)
         children = (output.promise_tree.children
                     if output.promise_tree else [])
         spawned += len(children) == len(t.countries)
+        per_task.append({
+            "conclusion":
+            sum(right),
+            "sentences":
+            sum(said),
+            "one_child_per_country":
+            len(children) == len(t.countries)
+        })
         own_item += len(children) == len(t.countries) and all(
             (task.parse_sentence(c.text) or ("", ))[0] == country
             for c, country in zip(children, t.countries))
@@ -132,6 +141,8 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         round(seconds, 1),
         "failures":
         failures,
+        "per_task":
+        per_task,
     }
     if tasks[0].parallel:
         report["spawned_one_child_per_country"] = spawned / len(tasks)
@@ -152,18 +163,18 @@ class BanTokens:
         return logits
 
 
-def run_base(llm, tasks: list[task.Task]) -> dict:
-    """Asks the base model about each country of ``tasks`` on its own.
+def base_knows(llm, countries: list[str]) -> list[bool]:
+    """Asks the base model about each of ``countries`` on its own.
 
     Args:
         llm: An engine over the base checkpoint (hooks off).
-        tasks: The tasks whose countries to ask about.
+        countries: The countries to ask about.
 
     Returns:
-        Per-country accuracy (reply contains the capital) and examples.
+        Per country, whether the reply contains its capital as a whole
+        phrase (lenient to the base).
     """
     from vllm import SamplingParams
-    countries = [c for t in tasks for c in t.countries]
     tokenizer = llm.get_tokenizer()
     banned = tokenizer.convert_tokens_to_ids(
         [task.PROMISE, task.SYNC, task.CHILD])
@@ -178,15 +189,56 @@ def run_base(llm, tasks: list[task.Task]) -> dict:
                                max_tokens=48,
                                logits_processors=[BanTokens(banned)]),
                            use_tqdm=False)
-    right = [
+    return [
         re.search(rf"\b{re.escape(task.CAPITALS[c])}\b", o.outputs[0].text)
         is not None for c, o in zip(countries, outputs)
     ]
+
+
+def run_base(llm, tasks: list[task.Task]) -> dict:
+    """Asks the base model about each country of ``tasks`` on its own.
+
+    Args:
+        llm: An engine over the base checkpoint (hooks off).
+        tasks: The tasks whose countries to ask about.
+
+    Returns:
+        Per-country accuracy (reply contains the capital).
+    """
+    countries = [c for t in tasks for c in t.countries]
+    right = base_knows(llm, countries)
     return {
         "countries": len(countries),
         "accuracy_per_country": sum(right) / len(countries),
-        "examples": [o.outputs[0].text for o in outputs[:3]],
     }
+
+
+def where_spawned_in_full(tasks: list[task.Task], report: dict) -> dict:
+    """Both forms' right answers, counted only over the tasks whose
+    parallel parent promised one child per country: what the children
+    know, apart from the parent's failures to spawn.
+
+    Args:
+        tasks: The parallel tasks, in the report's order.
+        report: The parallel and sequential forms' reports.
+
+    Returns:
+        Tasks and countries counted, and per form the countries right in
+        the conclusion and in the item sentences.
+    """
+    full = [
+        i for i, row in enumerate(report["parallel"]["per_task"])
+        if row["one_child_per_country"]
+    ]
+    counts = {
+        "tasks": len(full),
+        "countries": sum(len(tasks[i].countries) for i in full)
+    }
+    for form in ("parallel", "sequential"):
+        rows = report[form]["per_task"]
+        for kind in ("conclusion", "sentences"):
+            counts[f"{form}_{kind}_right"] = sum(rows[i][kind] for i in full)
+    return counts
 
 
 def main() -> None:
@@ -205,6 +257,8 @@ def main() -> None:
         "parallel": run_form(llm, tasks),
         "sequential": run_form(llm, sequential),
     }
+    report["where_parallel_spawned_one_child_per_country"] = (
+        where_spawned_in_full(tasks, report))
     del llm
     import gc
     gc.collect()

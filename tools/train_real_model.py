@@ -20,7 +20,7 @@ the output layer). Written to ``--out``: the adapter (bf16) and the new
 rows, which `tools/prepare_base_model.py` merges into the base checkpoint.
 
 Usage: .venv/bin/python tools/train_real_model.py [--out DIR]
-    [--steps 300] [--tasks-per-step 6] [--seed 0]
+    [--steps 300] [--tasks-per-step 6] [--seed 0] [--all-countries]
 """
 
 import argparse
@@ -172,12 +172,12 @@ def batch_of(rows: list[PackedRow], pad_id: int):
             torch.stack([r.mask(width) for r in rows]).unsqueeze(1))
 
 
-def step_batches(maker: RowMaker, rng: random.Random, tasks_per_step: int,
-                 max_rows: int):
-    """One step's tasks as padded batches of at most ``max_rows`` rows,
-    rows of similar length together."""
+def step_batches(maker: RowMaker, rng: random.Random, countries: list[str],
+                 tasks_per_step: int, max_rows: int):
+    """One step's tasks over ``countries`` as padded batches of at most
+    ``max_rows`` rows, rows of similar length together."""
     rows = sorted((maker.packed(
-        task.make_task(rng, task.TRAIN_COUNTRIES,
+        task.make_task(rng, countries,
                        rng.random() < PARALLEL_SHARE))
                    for _ in range(tasks_per_step)),
                   key=lambda row: len(row.tokens))
@@ -232,6 +232,29 @@ def loss_of(decoder, hook_rows: HookTokenRows, ids, positions, targets, mask):
             int(trained.sum()))
 
 
+def countries_the_base_knows(base: Path) -> list[str]:
+    """The training countries whose capital the base model already gives.
+
+    Training only on these keeps the fine-tune to teaching the form: a
+    capital the base does not know would be a new fact to memorise, which
+    the previous run showed degrading the facts it did know.
+
+    Args:
+        base: The base checkpoint.
+
+    Returns:
+        The countries, in `TRAIN_COUNTRIES` order.
+    """
+    import gc
+
+    import eval_real_model
+    llm = eval_real_model.load(base, hooks=False)
+    known = eval_real_model.base_knows(llm, task.TRAIN_COUNTRIES)
+    del llm
+    gc.collect()
+    return [c for c, k in zip(task.TRAIN_COUNTRIES, known) if k]
+
+
 def save(model, hook_rows: HookTokenRows, out: Path) -> None:
     """Writes the delta: the LoRA adapter and the hook tokens' rows, bf16.
 
@@ -266,6 +289,10 @@ def main() -> None:
     parser.add_argument("--tasks-per-step", type=int, default=6)
     parser.add_argument("--max-rows", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--all-countries",
+                        action="store_true",
+                        help="train on every training country, also those "
+                        "whose capital the base does not know")
     parser.add_argument("--save-every",
                         type=int,
                         default=0,
@@ -274,12 +301,18 @@ def main() -> None:
     # forward pass took 6 ms/token with one thread and 37-51 with two.
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    base = prepare.prepare_base()
+    countries = (task.TRAIN_COUNTRIES
+                 if args.all_countries else countries_the_base_knows(base))
+    print(
+        f"training on {len(countries)} of {len(task.TRAIN_COUNTRIES)} "
+        f"countries: {', '.join(countries)}",
+        flush=True)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    base = prepare.prepare_base()
     tokenizer = AutoTokenizer.from_pretrained(base)
     maker = RowMaker(tokenizer)
     causal_lm = AutoModelForCausalLM.from_pretrained(base,
@@ -309,7 +342,8 @@ def main() -> None:
         total, count = 0.0, 0
         optimizer.zero_grad()
         batches = list(
-            step_batches(maker, rng, args.tasks_per_step, args.max_rows))
+            step_batches(maker, rng, countries, args.tasks_per_step,
+                         args.max_rows))
         num_tokens = sum(int((b[2] != -100).sum()) for b in batches)
         for batch in batches:
             loss, n = loss_of(decoder, hook_rows, *batch)
