@@ -11,10 +11,13 @@ in one run, alternating forms task by task:
 
 - latency: one request in flight; per task the wall time, engine steps,
   tokens the model sampled (parent and children) and its accuracy;
-- batch: all tasks of a size at once, wall time and steps.
+- batch: all tasks of a size at once, wall time (mean of two runs per
+  form, in the order ABBA) and steps.
 
 Reports per k the means, the parallel/sequential ratios and accuracy per
-country (exact capital in the conclusion). Prints a table, writes JSON.
+country: of the conclusion (its capital exactly right) and of the item
+sentences (the sentence about the country names its capital exactly).
+Prints a table, writes JSON.
 
 Usage: PYTHONPATH=tools .venv/bin/python benchmarks/real_model_forms.py
     [--ks 2 4 8] [--tasks 6] [--out real_model_forms.json]
@@ -83,15 +86,18 @@ def measure(llm, counter, k: int, num_tasks: int, seed: int) -> dict:
         order = list(forms) if i % 2 == 0 else list(forms)[::-1]
         for form in order:
             [out], wall, steps = timed(llm, counter, [forms[form][i]])
-            right = task.answers_correct(forms[form][i], out.outputs[0].text)
+            text = out.outputs[0].text
+            right = task.answers_correct(forms[form][i], text)
+            said = task.sentences_correct(forms[form][i], text)
             children = (len(out.promise_tree.children)
                         if out.promise_tree else 0)
             single[form].append(
-                (wall, steps, sampled_tokens(out), right, children == k))
-    batch = {}
-    for form in forms:
+                (wall, steps, sampled_tokens(out), right, children == k, said))
+    batch = {form: [] for form in forms}
+    # Each form's batch twice, in the order ABBA: drift hits both alike.
+    for form in list(forms) + list(forms)[::-1]:
         _, wall, steps = timed(llm, counter, forms[form])
-        batch[form] = (wall, steps)
+        batch[form].append((wall, steps))
     row = {"k": k, "tasks": num_tasks}
     for form, runs in single.items():
         row[f"{form}_s"] = round(statistics.mean(r[0] for r in runs), 2)
@@ -99,8 +105,11 @@ def measure(llm, counter, k: int, num_tasks: int, seed: int) -> dict:
         row[f"{form}_tokens"] = round(statistics.mean(r[2] for r in runs), 1)
         row[f"{form}_accuracy"] = round(
             sum(sum(r[3]) for r in runs) / (k * num_tasks), 2)
-        row[f"{form}_batch_s"] = round(batch[form][0], 2)
-        row[f"{form}_batch_steps"] = batch[form][1]
+        row[f"{form}_sentence_accuracy"] = round(
+            sum(sum(r[5]) for r in runs) / (k * num_tasks), 2)
+        row[f"{form}_batch_s"] = round(
+            statistics.mean(wall for wall, _ in batch[form]), 2)
+        row[f"{form}_batch_steps"] = batch[form][0][1]
     row["one_child_per_country"] = round(
         sum(r[4] for r in single["parallel"]) / num_tasks, 2)
     row["latency_ratio"] = round(row["sequential_s"] / row["parallel_s"], 2)
@@ -136,7 +145,9 @@ def main() -> None:
         "k", "parallel_s", "sequential_s", "latency_ratio", "parallel_steps",
         "sequential_steps", "parallel_tokens", "sequential_tokens",
         "parallel_batch_s", "sequential_batch_s", "batch_ratio",
-        "parallel_accuracy", "sequential_accuracy", "one_child_per_country"
+        "parallel_accuracy", "sequential_accuracy",
+        "parallel_sentence_accuracy", "sequential_sentence_accuracy",
+        "one_child_per_country"
     ])
 
 
