@@ -41,8 +41,24 @@ def small_cache_llm(model_path, ids, prefix_caching: bool):
                     max_model_len=BLOCK_SIZE * NUM_BLOCKS)
 
 
-def run(llm, ids):
+def params(ids, **sampling):
+    """The program's SamplingParams: greedy unless ``sampling`` says."""
+    return SamplingParams(
+        **{
+            "temperature": 0.0,
+            "max_tokens": 64,
+            "logits_processors": [scripted(program(ids), ids)],
+            **sampling
+        })
+
+
+def run(llm, ids, **sampling):
     """Runs the program as request "tree", recording every step.
+
+    Args:
+        llm: The engine.
+        ids: The tiny tokenizer's hook token ids.
+        sampling: SamplingParams fields other than the program's.
 
     Returns:
         The finished output, the recorder, the preemptions during the run,
@@ -59,11 +75,7 @@ def run(llm, ids):
             parent is not None and parent.first_seq.seq_id
             not in scheduler.block_manager.block_tables)
 
-    engine.add_request(
-        "tree", PROMPT,
-        SamplingParams(temperature=0.0,
-                       max_tokens=64,
-                       logits_processors=[scripted(program(ids), ids)]))
+    engine.add_request("tree", PROMPT, params(ids, **sampling))
     finished = None
     with ScheduleRecorder(scheduler, observe) as recorder:
         for _ in range(MAX_STEPS):
@@ -87,10 +99,15 @@ def roomy_output(hooked_llm, hook_ids):
     return output
 
 
+@pytest.fixture(scope="module")
+def prefix_llm(tiny_model_path, hook_ids):
+    return small_cache_llm(tiny_model_path, hook_ids, prefix_caching=True)
+
+
 def test_parked_parent_frees_its_blocks_and_resumes_from_the_cache(
-        tiny_model_path, hook_ids, roomy_output):
-    llm = small_cache_llm(tiny_model_path, hook_ids, prefix_caching=True)
-    output, recorder, preemptions, parked_without_blocks = run(llm, hook_ids)
+        prefix_llm, hook_ids, roomy_output):
+    output, recorder, preemptions, parked_without_blocks = run(
+        prefix_llm, hook_ids)
     # The parent's blocks went back instead of a running sequence.
     assert preemptions == 0
     assert any(parked_without_blocks)
@@ -126,3 +143,20 @@ def test_without_prefix_caching_the_child_is_preempted_as_before(
     assert preemptions > 0
     assert not any(parked_without_blocks)
     assert output.outputs[0].token_ids == roomy_output.outputs[0].token_ids
+
+
+def test_an_evicted_seeded_parent_samples_as_without_pressure(
+        prefix_llm, hooked_llm, hook_ids, roomy_output):
+    # A resume with merged tokens is a prefill, which re-creates the
+    # generator from the derived seed, evicted or not.
+    sampling = dict(temperature=1.0, seed=7)
+    output, _, _, parked_without_blocks = run(prefix_llm, hook_ids, **sampling)
+    assert any(parked_without_blocks)
+    [roomy] = hooked_llm.generate([PROMPT],
+                                  params(hook_ids, **sampling),
+                                  use_tqdm=False)
+    assert output.outputs[0].token_ids == roomy.outputs[0].token_ids
+    assert [c.token_ids for c in output.promise_tree.children
+            ] == [c.token_ids for c in roomy.promise_tree.children]
+    # Sampled, not greedy.
+    assert output.outputs[0].token_ids != roomy_output.outputs[0].token_ids
