@@ -2,7 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Property-based: random promise trees on the real scheduler, no model.
 
-Hypothesis draws a KV cache size, hook limits, requests and a seed; a
+Hypothesis draws a KV cache size, prefix caching on or off (which changes
+when parked parents are evicted), hook limits, requests and a seed; a
 seeded policy then picks every group's token at every step (promise,
 sync, EOS or a word) and aborts random requests at random steps. After
 each case: every KV block is free, no group is parked or queued, no
@@ -30,7 +31,8 @@ EXAMPLES = int(os.environ.get("HOOK_FUZZ_EXAMPLES", "40"))
 MAX_STEPS = 3000
 WORDS = ["the", "cat", "sees", "dog", "big", "red", "one", "two"]
 
-cases = fuzz_cases(num_gpu_blocks=st.sampled_from([6, 10, 16, 64]))
+cases = fuzz_cases(num_gpu_blocks=st.sampled_from([6, 10, 16, 64]),
+                   prefix_caching=st.booleans())
 
 
 @settings(max_examples=EXAMPLES,
@@ -52,6 +54,7 @@ cases = fuzz_cases(num_gpu_blocks=st.sampled_from([6, 10, 16, 64]))
         "sync_p": 0.0,
         "eos_p": 0.0,
         "abort_p": 0.0,
+        "prefix_caching": False,
     })
 def test_random_trees_leave_nothing_behind(tiny_tokenizer_path, hook_ids,
                                            case):
@@ -65,7 +68,8 @@ def test_random_trees_leave_nothing_behind(tiny_tokenizer_path, hook_ids,
             max_children_per_request=case["max_children_per_request"],
             max_depth=case["max_depth"]),
         num_gpu_blocks=case["num_gpu_blocks"],
-        max_model_len=64)
+        max_model_len=64,
+        enable_prefix_caching=case["prefix_caching"])
     words = [harness.tokenizer.convert_tokens_to_ids(w) for w in WORDS]
     roots = [f"r{i}" for i in range(case["requests"])]
     for request_id in roots:

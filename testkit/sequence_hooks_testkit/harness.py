@@ -52,6 +52,7 @@ class HookHarness:
         max_model_len: Longest sequence.
         max_num_seqs: Most sequences running at once.
         policy: The scheduling policy, "fcfs" or "priority".
+        enable_prefix_caching: Whether the block manager caches prefixes.
     """
 
     def __init__(self,
@@ -61,14 +62,19 @@ class HookHarness:
                  num_gpu_blocks: int = 64,
                  max_model_len: int = 128,
                  max_num_seqs: int = 32,
-                 policy: str = "fcfs"):
+                 policy: str = "fcfs",
+                 enable_prefix_caching: bool = False):
         scheduler_config = SchedulerConfig("generate",
                                            max_num_batched_tokens=256,
                                            max_num_seqs=max_num_seqs,
                                            max_model_len=max_model_len,
                                            enable_chunked_prefill=True,
                                            policy=policy)
-        cache_config = CacheConfig(block_size, 1.0, 1, "auto")
+        cache_config = CacheConfig(block_size,
+                                   1.0,
+                                   1,
+                                   "auto",
+                                   enable_prefix_caching=enable_prefix_caching)
         cache_config.num_cpu_blocks = 8
         cache_config.num_gpu_blocks = num_gpu_blocks
         self.scheduler = SequenceHookScheduler(scheduler_config, cache_config,

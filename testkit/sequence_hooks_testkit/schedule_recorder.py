@@ -17,6 +17,9 @@ class ScheduledChunk:
     is_prompt: bool
     # Tokens its sequence had computed before this step.
     num_computed_before: int
+    # Tokens of its prefill the prefix cache held, which the model runner
+    # skips (counted in `num_tokens`).
+    num_cached_tokens: int = 0
 
 
 @dataclass
@@ -65,12 +68,13 @@ class ScheduleRecorder:
         metadata, outputs, allow_async = self._schedule()
         step = ScheduledStep(
             parked=list(getattr(self.scheduler, "blocked", {})))
+        block_size = self.scheduler.cache_config.block_size
         for m, scheduled in zip(metadata, outputs.scheduled_seq_groups):
             seq = scheduled.seq_group.first_seq
             step.chunks.append(
-                ScheduledChunk(m.request_id,
-                               scheduled.token_chunk_size, m.is_prompt,
-                               seq.data.get_num_computed_tokens()))
+                ScheduledChunk(m.request_id, scheduled.token_chunk_size,
+                               m.is_prompt, seq.data.get_num_computed_tokens(),
+                               len(m.computed_block_nums or []) * block_size))
         self.steps.append(step)
         if self.observe is not None:
             self.observe(outputs)

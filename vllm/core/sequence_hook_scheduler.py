@@ -26,7 +26,11 @@ class SequenceHookScheduler(Scheduler):
     queue directly, sharing their parent's blocks. When nothing can run
     because parked groups hold the blocks a waiting group needs, the most
     recently parked ones are evicted (their blocks freed, to be recomputed
-    when they resume), so a full cache never deadlocks. Selected through
+    when they resume), so a full cache never deadlocks. With prefix caching
+    on they are evicted as soon as blocks run short (see
+    `_evict_parked_for_waiting` and `_can_append_slots`): their full blocks
+    stay in the prefix cache, so the resume gets them back as hits, as a
+    client-side join's continuation request would. Selected through
     `SchedulerConfig.scheduler_cls`.
 
     Under contention it puts the work a parked tree waits for first (see
@@ -140,7 +144,7 @@ class SequenceHookScheduler(Scheduler):
         if (self.coordinator is not None
                 and self.coordinator.special_kwargs.critical_path_first):
             self._order_queues()
-        self._evict_parked_if_stuck()
+        self._evict_parked_for_waiting()
         metadata, outputs, allow_async = super().schedule()
         if self.coordinator is not None:
             self.coordinator.step_scheduled(outputs)
@@ -234,25 +238,53 @@ class SequenceHookScheduler(Scheduler):
             free = self.block_manager.get_num_free_gpu_blocks()
             self.coordinator.record_kv_usage(1.0 - free / total)
 
-    def _evict_parked_if_stuck(self) -> None:
-        """Frees parked groups' blocks while they alone stop all progress.
+    def _evict_parked_for_waiting(self) -> None:
+        """Frees parked groups' blocks that the first waiting group needs.
 
-        That is: nothing runs or is swapped out, and the first waiting group
-        cannot be allocated now but could be with more free blocks.
+        Without prefix caching only while parked groups alone stop all
+        progress (nothing runs or is swapped out): an evicted group
+        recomputes its whole context. With it, whenever that group has a
+        running slot but not the blocks, since the resume gets the evicted
+        full blocks back from the prefix cache unless they were reused.
         """
-        while (self.waiting and not self.running and not self.swapped
-               and self.block_manager.can_allocate(
-                   self.waiting[0]) == AllocStatus.LATER):
-            holders = [
-                seq_group for request_id, seq_group in self.blocked.items()
-                if request_id not in self._evicted
-            ]
-            if not holders:
+        while self.waiting and self.block_manager.can_allocate(
+                self.waiting[0]) == AllocStatus.LATER:
+            if self.cache_config.enable_prefix_caching:
+                if len(self.running) >= self.scheduler_config.max_num_seqs:
+                    return
+            elif self.running or self.swapped:
                 return
-            victim = holders[-1]
-            self.free_seq(victim.first_seq)
-            victim.first_seq.data.reset_state_for_recompute()
-            self._evicted.add(victim.request_id)
+            if not self._evict_latest_parked():
+                return
+
+    def _can_append_slots(self, seq_group: SequenceGroup,
+                          enable_chunking: bool) -> bool:
+        """Evicts parked groups, with prefix caching on, before upstream
+        preempts a running group for lack of a block."""
+        while not super()._can_append_slots(seq_group, enable_chunking):
+            if not (self.cache_config.enable_prefix_caching
+                    and self._evict_latest_parked()):
+                return False
+        return True
+
+    def _evict_latest_parked(self) -> bool:
+        """Frees the blocks of the most recently parked group holding any;
+        it resumes by recompute.
+
+        Returns:
+            Whether a group was evicted.
+        """
+        holders = [
+            seq_group for request_id, seq_group in self.blocked.items()
+            if request_id not in self._evicted
+        ]
+        if not holders:
+            return False
+        victim = holders[-1]
+        self.free_seq(victim.first_seq)
+        victim.first_seq.data.reset_state_for_recompute()
+        self._evicted.add(victim.request_id)
+        return True
 
     def abort_seq_group(
         self,
