@@ -178,6 +178,13 @@ def test_upstream_symbols_our_modules_rely_on():
     assert params_of(Scheduler.has_unfinished_seqs) == ["self"]
     assert params_of(Scheduler.get_num_unfinished_seq_groups) == ["self"]
     assert params_of(Scheduler.fork_seq) == ["self", "parent_seq", "child_seq"]
+    # Called by upstream before it preempts for lack of a block; overridden
+    # to evict parked groups first (prefix caching on).
+    assert params_of(Scheduler._can_append_slots) == [
+        "self", "seq_group", "enable_chunking"
+    ]
+    assert "self._can_append_slots(" in inspect.getsource(
+        Scheduler._schedule_running)
     assert params_of(
         SelfAttnBlockSpaceManager.fork) == ["self", "parent_seq", "child_seq"]
     # SequenceHookOutputProcessor subclasses this and calls super().
