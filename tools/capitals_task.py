@@ -324,7 +324,10 @@ def sentences_correct(task: Task, text: str) -> list[bool]:
     form's lines). The first sentence about a country counts."""
     said = {}
     for line in text.split("\n"):
-        parsed = parse_sentence(line)
-        if parsed is not None:
+        # The first merged sentence follows the parent's last list line
+        # with no newline between ("2. ChileFor Peru: ..."): search.
+        match = SENTENCE.search(line)
+        parsed = match and parse_sentence(match[0])
+        if parsed:
             said.setdefault(parsed[0], parsed[1])
     return [said.get(c) == CAPITALS[c] for c in task.countries]
