@@ -19,7 +19,8 @@ row names them. In one run, sides alternating:
   a bounded closed loop at each concurrency (1 = latency alone):
   throughput, p50/p90/p99 latency, requests and prefill tokens per task
   (the servers' `vllm:prompt_tokens_total`, which counts prefix-cache hits
-  too);
+  too), and CPU seconds per task of the side's server (all its processes)
+  and of this client: where each side's work goes;
 - plain: the same requests without hooks on both servers (concurrency 32):
   the hooks' cost to requests that do not use them.
 
@@ -332,6 +333,25 @@ async def metric_value(session, base: str, name: str) -> float:
         if line.startswith(name + "{"))
 
 
+def cpu_seconds(base: Optional[str] = None) -> float:
+    """CPU seconds (user and system) used so far by the server at ``base``
+    with all its processes, or by this client process if None."""
+    import psutil
+    if base is None:
+        times = psutil.Process().cpu_times()
+        return times.user + times.system
+    port = base.rsplit(":", 1)[1]
+    total = 0.0
+    for process in psutil.process_iter(["cmdline"]):
+        command = process.info["cmdline"] or []
+        if "serve" in command and "--port" in command and command[
+                command.index("--port") + 1] == port:
+            for member in [process] + process.children(recursive=True):
+                times = member.cpu_times()
+                total += times.user + times.system
+    return total
+
+
 async def closed_loop(run_one, count: int, concurrency: int):
     """Runs ``count`` tasks with ``concurrency`` in flight.
 
@@ -414,6 +434,12 @@ async def http_levels(sides: HttpSides, workload: Workload, k: int, levels,
     for level in levels:
         count = max(8, 2 * level)
         stats = {name: [] for name in ("hooks", "join")}
+        # CPU seconds of each side's server and of this client.
+        cpu = {
+            (name, who): 0.0
+            for name in stats
+            for who in ("server", "client")
+        }
         texts = {name: {} for name in ("hooks", "join")}
         for r in range(rounds):
             tasks = [
@@ -423,11 +449,15 @@ async def http_levels(sides: HttpSides, workload: Workload, k: int, levels,
             order = ["hooks", "join"] if r % 2 == 0 else ["join", "hooks"]
             for name in order:
                 before = await sides.prefill_tokens(name)
+                cpu_before = (cpu_seconds(sides.bases[name]), cpu_seconds())
                 outcomes, wall = await closed_loop(
                     lambda i, name=name, tasks=tasks: sides.run(
                         name, tasks[i]),
                     count,
                     level)
+                cpu[name, "server"] += (cpu_seconds(sides.bases[name]) -
+                                        cpu_before[0])
+                cpu[name, "client"] += cpu_seconds() - cpu_before[1]
                 prefill = await sides.prefill_tokens(name) - before
                 stats[name].append((outcomes, wall, prefill))
                 for i, ((text, _), _) in enumerate(outcomes):
@@ -455,6 +485,11 @@ async def http_levels(sides: HttpSides, workload: Workload, k: int, levels,
                     for (_, req), _ in outcomes) / tasks_done, 2)
             row[f"{name}_prefill_per_task"] = round(
                 sum(p for _, _, p in runs) / tasks_done, 1)
+            # Where each side's CPU goes, per task (a process-level
+            # profile; the machine has 2 cores).
+            for who in ("server", "client"):
+                row[f"{name}_{who}_cpu_s_per_task"] = round(
+                    cpu[name, who] / tasks_done, 3)
         row["hooks_throughput_x"] = round(
             row["hooks_tasks_per_s"] / row["join_tasks_per_s"], 2)
         row["hooks_p50_over_join"] = round(
