@@ -101,11 +101,25 @@ def segments(token_ids, merged_spans, children, context_len: int,
     return requests, prompt_tokens
 
 
-def assert_same_tree(joined, hooked) -> None:
+def assert_same_tree(joined, hooked, exact_aborts: bool = True) -> None:
     """The join's tree is the hooked engine's, node for node (the hooked
-    engine has none for a sequence that never promised)."""
+    engine has none for a sequence that never promised).
+
+    Over HTTP (``exact_aborts`` False) a child cancelled because its parent
+    ended has written as many tokens as the server ran it for before the
+    cancel arrived, which timing decides: its tokens and text need only be
+    a prefix of the hooked child's, or the hooked child's of its own.
+    """
     if hooked is None:
         assert joined.children == ()
+        return
+    if not exact_aborts and hooked.finish_reason == "abort":
+        assert joined.finish_reason == "abort"
+        assert joined.fork_position == hooked.fork_position
+        shorter = min(len(joined.token_ids), len(hooked.token_ids))
+        assert joined.token_ids[:shorter] == hooked.token_ids[:shorter]
+        assert (joined.text.startswith(hooked.text)
+                or hooked.text.startswith(joined.text))
         return
     assert joined.token_ids == hooked.token_ids
     assert joined.text == hooked.text
@@ -114,7 +128,7 @@ def assert_same_tree(joined, hooked) -> None:
     assert joined.merged_spans == hooked.merged_spans
     assert len(joined.children) == len(hooked.children)
     for joined_child, hooked_child in zip(joined.children, hooked.children):
-        assert_same_tree(joined_child, hooked_child)
+        assert_same_tree(joined_child, hooked_child, exact_aborts)
 
 
 def cases(hook_ids):
@@ -224,7 +238,9 @@ def test_http_join_on_stock_server_equals_hooked_server(
         assert result.token_ids == served["token_ids"], name
         assert result.text == served["text"], name
         assert result.finish_reason == served["finish_reason"], name
-        assert_same_tree(result.promise_tree, output.promise_tree)
+        assert_same_tree(result.promise_tree,
+                         output.promise_tree,
+                         exact_aborts=False)
         assert (result.requests, result.prompt_tokens) == expected_traffic(
             output, hook_ids.sync), name
 
