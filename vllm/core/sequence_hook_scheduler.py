@@ -247,14 +247,15 @@ class SequenceHookScheduler(Scheduler):
         running slot but not the blocks, since the resume gets the evicted
         full blocks back from the prefix cache unless they were reused.
         """
-        while self.waiting and self.block_manager.can_allocate(
-                self.waiting[0]) == AllocStatus.LATER:
+        # Runs every step: the cheap checks go before `can_allocate`.
+        while self.waiting and len(self._evicted) < len(self.blocked):
             if self.cache_config.enable_prefix_caching:
                 if len(self.running) >= self.scheduler_config.max_num_seqs:
                     return
             elif self.running or self.swapped:
                 return
-            if not self._evict_latest_parked():
+            if (self.block_manager.can_allocate(self.waiting[0])
+                    != AllocStatus.LATER or not self._evict_latest_parked()):
                 return
 
     def _can_append_slots(self, seq_group: SequenceGroup,
