@@ -156,23 +156,36 @@ def test_training_records_of_a_tree_from_the_engine_core(hooked_llm, hook_ids):
 
 def test_a_streamed_requests_tree_comes_with_its_last_delta(
         hooked_llm, hook_ids):
-    from vllm.sampling_params import RequestOutputKind
-    engine = hooked_llm.llm_engine
     params = scripted_params(programs(hook_ids)["one promise"], hook_ids)
+    deltas = streamed(hooked_llm, "deltas", params)
+    assert deltas[-1].finished
+    assert_last_delta_brings_the_tree(deltas)
+    assert_engine_clean(hooked_llm)
+
+
+def streamed(llm, request_id: str, params) -> list:
+    """Every delta output of one streamed request, in order."""
+    from vllm.sampling_params import RequestOutputKind
     params.output_kind = RequestOutputKind.DELTA
-    engine.add_request("deltas", {"prompt_token_ids": [7, 8, 9]}, params)
+    engine = llm.llm_engine
+    engine.add_request(request_id, {"prompt_token_ids": [7, 8, 9]}, params)
     deltas = []
     while engine.has_unfinished_requests():
         deltas += engine.step()
+    return deltas
+
+
+def assert_last_delta_brings_the_tree(deltas) -> None:
+    """Only the last delta has a tree: the streamed tokens, one child whose
+    text was streamed merged."""
     *earlier, last = deltas
-    assert last.finished and all(V1.promise_tree(o) is None for o in earlier)
+    assert all(V1.promise_tree(o) is None for o in earlier)
     tree = V1.promise_tree(last)
     assert list(tree.token_ids) == [
         token for o in deltas for token in o.outputs[0].token_ids
     ]
     [child] = tree.children
     assert child.text.strip() in "".join(o.outputs[0].text for o in deltas)
-    assert_engine_clean(hooked_llm)
 
 
 def seeded_plain(llm, plans, hook_ids, context, max_tokens, seed, role):
@@ -213,26 +226,12 @@ def test_seeded_samples_trees_are_hook_free_requests(hooked_llm, hook_ids):
 
 
 def test_each_streamed_sample_brings_its_tree(hooked_llm, hook_ids):
-    from vllm.sampling_params import RequestOutputKind
-    engine = hooked_llm.llm_engine
     params = scripted_params(programs(hook_ids)["one promise"], hook_ids)
     params.n, params.temperature, params.seed = 2, 1.0, 5
-    params.output_kind = RequestOutputKind.DELTA
-    engine.add_request("sampled-deltas", {"prompt_token_ids": [7, 8, 9]},
-                       params)
-    deltas = []
-    while engine.has_unfinished_requests():
-        deltas += engine.step()
+    deltas = streamed(hooked_llm, "sampled-deltas", params)
     for index in (0, 1):
-        mine = [o for o in deltas if o.outputs[0].index == index]
-        *earlier, last = mine
-        assert all(V1.promise_tree(o) is None for o in earlier)
-        tree = V1.promise_tree(last)
-        assert list(tree.token_ids) == [
-            token for o in mine for token in o.outputs[0].token_ids
-        ]
-        [child] = tree.children
-        assert child.text.strip() in "".join(o.outputs[0].text for o in mine)
+        assert_last_delta_brings_the_tree(
+            [o for o in deltas if o.outputs[0].index == index])
     assert_engine_clean(hooked_llm)
 
 
