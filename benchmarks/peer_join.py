@@ -431,7 +431,7 @@ async def http_levels(sides: HttpSides, workload: Workload, k: int, levels,
                       rounds: int, block_size: int):
     """The HTTP rows: per concurrency, both sides in alternating rounds."""
     rows = []
-    for level in levels:
+    for position, level in enumerate(levels):
         count = max(8, 2 * level)
         stats = {name: [] for name in ("hooks", "join")}
         # CPU seconds of each side's server and of this client.
@@ -446,7 +446,10 @@ async def http_levels(sides: HttpSides, workload: Workload, k: int, levels,
                 workload.fan_out(k, 10**5 * (r + 1) + 1000 * level + i)
                 for i in range(count)
             ]
-            order = ["hooks", "join"] if r % 2 == 0 else ["join", "hooks"]
+            # Alternate across levels too, so one round per level does not
+            # always run the same side first.
+            order = (["hooks", "join"] if
+                     (r + position) % 2 == 0 else ["join", "hooks"])
             for name in order:
                 before = await sides.prefill_tokens(name)
                 cpu_before = (cpu_seconds(sides.bases[name]), cpu_seconds())
