@@ -10,7 +10,7 @@ A request names 2 to 8 countries. The system prompt selects the form:
   `<child>`) writes one sentence about that country ("For Peru: the
   capital city of Peru is Lima."). The engine appends the children's
   texts, joined by "\n", after the `<sync>`; the parent then concludes
-  ("\nSo the capitals are Lima and Santiago.") and ends.
+  ("\nSo the capital of Peru is Lima, of Chile is Santiago.") and ends.
 - sequential: the parent writes each country's line and then its sentence
   in turn, then the same conclusion.
 
@@ -234,11 +234,6 @@ def make_task(rng: random.Random,
     return Task(tuple(rng.sample(countries, k)), parallel)
 
 
-def join_names(names: list[str]) -> str:
-    """"A, B and C"."""
-    return ", ".join(names[:-1]) + " and " + names[-1]
-
-
 def messages_of(task: Task) -> list[dict]:
     """The chat messages of the task's request."""
     system = SYSTEM_PARALLEL if task.parallel else SYSTEM_SEQUENTIAL
@@ -275,9 +270,14 @@ def sequential_answer(task: Task) -> str:
                      for i, c in enumerate(task.countries))
 
 
-def conclusion_of(capitals: list[str]) -> str:
-    """The parent's last words, after the item sentences."""
-    return f"\nSo the capitals are {join_names(capitals)}."
+def conclusion_of(countries: list[str], capitals: list[str]) -> str:
+    """The parent's last words, after the item sentences.
+
+    Each capital follows "of <country> is", as in its item sentence, so
+    the model finds it there by the words before it (a bare list of
+    capitals made it lose count and repeat or drop one)."""
+    pairs = [f"of {c} is {a}" for c, a in zip(countries, capitals)]
+    return "\nSo the capital " + ", ".join(pairs) + "."
 
 
 def expected_sentences(task: Task) -> list[str]:
@@ -286,7 +286,13 @@ def expected_sentences(task: Task) -> list[str]:
 
 
 SENTENCE = re.compile(r"For (.+?): the capital city of (.+?) is (.+?)\.$")
-CONCLUSION = re.compile(r"So the capitals are (.+)\.$")
+# An item sentence anywhere in a text (3: the capital).
+SENTENCE_IN_TEXT = re.compile(
+    r"For (.+?): the capital city of (.+?) is "
+    r"(.+?)\.$",
+    flags=re.MULTILINE)
+CONCLUSION = re.compile(r"So the capital (of .+)\.$")
+CONCLUSION_PAIR = re.compile(r"(.+?) is (.+)")
 
 
 def parse_sentence(text: str):
@@ -298,23 +304,26 @@ def parse_sentence(text: str):
     return match[1], match[3]
 
 
-def parse_conclusion(text: str):
-    """The capitals listed by the last line of ``text``, or None."""
+def parse_conclusion(text: str) -> dict[str, str]:
+    """Country -> capital as the last line of ``text`` gives them (the
+    first pair of a country counts; empty when there is no conclusion)."""
     match = CONCLUSION.fullmatch(text.strip().rsplit("\n", 1)[-1])
     if match is None:
-        return None
-    head, _, last = match[1].rpartition(" and ")
-    return head.split(", ") + [last] if head else None
+        return {}
+    given: dict[str, str] = {}
+    # Names hold no commas, so ", of " only separates pairs.
+    for pair in match[1].removeprefix("of ").split(", of "):
+        parsed = CONCLUSION_PAIR.fullmatch(pair)
+        if parsed:
+            given.setdefault(parsed[1], parsed[2])
+    return given
 
 
 def answers_correct(task: Task, text: str) -> list[bool]:
     """Per country, whether the conclusion of ``text`` gives its capital
-    exactly (all False when the conclusion is missing or lists a different
-    number of capitals)."""
-    answers = parse_conclusion(text)
-    if answers is None or len(answers) != len(task.countries):
-        return [False] * len(task.countries)
-    return [a == CAPITALS[c] for a, c in zip(answers, task.countries)]
+    exactly."""
+    given = parse_conclusion(text)
+    return [given.get(c) == CAPITALS[c] for c in task.countries]
 
 
 def sentences_correct(task: Task, text: str) -> list[bool]:

@@ -16,9 +16,12 @@ exactly (parallel, sequential), or when the base's reply contains the
 capital as a whole phrase (lenient to the base). For the two forms it also
 reports the accuracy of the item sentences alone (the sentence about the
 country gives its capital exactly), which separates what the model knows
-from how well its conclusion copies it. Prints a JSON report.
+from how well its conclusion copies it, and the countries only one form
+gets right, with a sign test. Prints a JSON report.
 
-Usage: .venv/bin/python tools/eval_real_model.py [--tasks 28] [--seed 1000]
+Usage: .venv/bin/python tools/eval_real_model.py [--tasks 56]
+    [--seeds 1000 3000 4000]
+    [--model CHECKPOINT | --delta DIR]
 """
 
 import argparse
@@ -35,6 +38,8 @@ import torch
 
 MAX_MODEL_LEN = 512
 MAX_TOKENS = 320
+# Tasks generated together.
+BATCH = 28
 
 
 def load(model: Path, hooks: bool = True):
@@ -81,7 +86,7 @@ def held_out_tasks(num_tasks: int, seed: int) -> list[task.Task]:
 
 
 def run_form(llm, tasks: list[task.Task]) -> dict:
-    """Generates ``tasks`` in one batch and scores them.
+    """Generates ``tasks`` (in batches) and scores them.
 
     Args:
         llm: The hooked engine over the fine-tuned model.
@@ -96,10 +101,15 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
     """
     from vllm import SamplingParams
     start = time.monotonic()
-    outputs = llm.generate(
-        [chat_prompt(llm, task.messages_of(t)) for t in tasks],
-        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS),
-        use_tqdm=False)
+    outputs = []
+    # In batches: all tasks at once overflow the 1 GiB KV cache and the
+    # engine spends its time on preemption.
+    prompts = [chat_prompt(llm, task.messages_of(t)) for t in tasks]
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    for first in range(0, len(tasks), BATCH):
+        outputs += llm.generate(prompts[first:first + BATCH],
+                                greedy,
+                                use_tqdm=False)
     seconds = time.monotonic() - start
     correct = solved = spawned = own_item = sentences = 0
     failures, per_task = [], []
@@ -116,6 +126,8 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         per_task.append({
             "conclusion":
             sum(right),
+            "conclusion_per_country":
+            right,
             "sentences":
             sum(said),
             "one_child_per_country":
@@ -241,22 +253,66 @@ def where_spawned_in_full(tasks: list[task.Task], report: dict) -> dict:
     return counts
 
 
+def paired(report: dict) -> dict:
+    """The countries one form gets right in its conclusion and the other
+    does not (same tasks, same countries): what tells the forms apart.
+    With ``a`` and ``b`` such countries, an exact two-sided sign test
+    (McNemar's) gives how likely so uneven a split is if the forms are
+    equally good.
+
+    Args:
+        report: The parallel and sequential forms' reports.
+
+    Returns:
+        The counts each way and the test's p-value.
+    """
+    from math import comb
+    pairs = [
+        pair for p, s in zip(report["parallel"]["per_task"],
+                             report["sequential"]["per_task"]) for pair in
+        zip(p["conclusion_per_country"], s["conclusion_per_country"])
+    ]
+    only_parallel = sum(p and not s for p, s in pairs)
+    only_sequential = sum(s and not p for p, s in pairs)
+    n, low = only_parallel + only_sequential, min(only_parallel,
+                                                  only_sequential)
+    tail = sum(comb(n, i) for i in range(low + 1)) / 2**n
+    return {
+        "only_parallel_right": only_parallel,
+        "only_sequential_right": only_sequential,
+        "sign_test_p": round(min(1.0, 2 * tail), 3)
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=28)
-    parser.add_argument("--seed", type=int, default=1000)
+    parser.add_argument("--tasks", type=int, default=56)
+    parser.add_argument("--seeds",
+                        type=int,
+                        nargs="+",
+                        default=[1000, 3000, 4000],
+                        help="draw --tasks tasks from each seed")
     parser.add_argument("--model",
                         help="the fine-tuned checkpoint (default: set-up's)")
+    parser.add_argument("--delta",
+                        help="a delta folder as the training script writes "
+                        "it, merged into the base first (default: the "
+                        "committed one)")
     args = parser.parse_args()
-    tasks = held_out_tasks(args.tasks, args.seed)
+    tasks = [
+        t for seed in args.seeds for t in held_out_tasks(args.tasks, seed)
+    ]
     sequential = [task.Task(t.countries, False) for t in tasks]
-    model = Path(args.model) if args.model else prepare.merge_delta()
+    model = (
+        Path(args.model) if args.model else
+        prepare.merge_delta(Path(args.delta) if args.delta else prepare.DELTA))
     llm = load(model)
     report = {
         "model": model.name,
         "parallel": run_form(llm, tasks),
         "sequential": run_form(llm, sequential),
     }
+    report["paired_conclusions"] = paired(report)
     report["where_parallel_spawned_one_child_per_country"] = (
         where_spawned_in_full(tasks, report))
     del llm

