@@ -5,12 +5,13 @@
 A request names 2 to 8 countries. The system prompt selects the form:
 
 - parallel: the parent lists the countries, each followed by a `<promise>`
-  ("1. Peru<promise>\n2. Chile<promise>"), then `<sync>`. The child of a
-  promise (its context ends with its own country, the promise and
-  `<child>`) writes one sentence about that country ("For Peru: the
-  capital city of Peru is Lima."). The engine appends the children's
-  texts, joined by "\n", after the `<sync>`; the parent then concludes
-  ("\nSo the capital of Peru is Lima, of Chile is Santiago.") and ends.
+  ("1. Peru<promise>\n2. Chile<promise>"), then a newline and `<sync>`
+  (`LIST_END`). The child of a promise (its context ends with its own
+  country, the promise and `<child>`) writes one sentence about that
+  country ("For Peru: the capital city of Peru is Lima."). The engine
+  appends the children's texts, joined by "\n", after the `<sync>`; the
+  parent then concludes ("\nSo the capital of Peru is Lima, of Chile is
+  Santiago.") and ends.
 - sequential: the parent writes each country's line and then its sentence
   in turn, then the same conclusion.
 
@@ -253,6 +254,11 @@ def item_heading(index: int, country: str) -> str:
     return f"{index + 1}. {country}"
 
 
+# What the parallel parent writes between its last promise and `<sync>`:
+# the merged sentences then start on a line of their own.
+LIST_END = "\n"
+
+
 def item_sentence(country: str, capital: str) -> str:
     """The sentence that answers for ``country`` (at least 10 tokens).
 
@@ -333,8 +339,9 @@ def sentences_correct(task: Task, text: str) -> list[bool]:
     form's lines). The first sentence about a country counts."""
     said = {}
     for line in text.split("\n"):
-        # The first merged sentence follows the parent's last list line
-        # with no newline between ("2. ChileFor Peru: ..."): search.
+        # A parent that syncs with no `LIST_END` puts the first merged
+        # sentence right after its last list line ("2. ChileFor Peru:
+        # ..."): search.
         match = SENTENCE.search(line)
         parsed = match and parse_sentence(match[0])
         if parsed:

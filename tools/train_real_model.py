@@ -18,9 +18,10 @@ the lists, the promises and the copying, but the fine-tune teaches no new
 facts (`--all-countries` trains those capitals too).
 
 Trained: a LoRA adapter on every linear layer of the top blocks
-(`--lora-first-block`), and the embedding rows of the three hook tokens (tied to
-the output layer). Written to ``--out``: the adapter (bf16) and the new
-rows, which `tools/prepare_base_model.py` merges into the base checkpoint.
+(`--lora-first-block`), and the embedding rows of the three hook tokens
+(tied to the output layer). Written to ``--out``: the adapter (bf16) and
+the new rows, which `tools/prepare_base_model.py` merges into the base
+checkpoint.
 
 Usage: .venv/bin/python tools/train_real_model.py [--out DIR]
     [--steps 160] [--tasks-per-step 6] [--seed 0] [--lora-first-block 12]
@@ -126,7 +127,7 @@ class RowMaker:
             line = ("\n" if i else "") + task.item_heading(i, country)
             tokens += self.encode(line) + [self.promise]
             forks.append(len(tokens))
-        tokens.append(self.sync)
+        tokens += self.encode(task.LIST_END) + [self.sync]
         sentences = task.expected_sentences(request)
         # Merged tokens are given by the engine, not predicted.
         merged = self.encode("\n".join(sentences))

@@ -1,0 +1,120 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""How the real model's task is scored and turned into training rows.
+
+The model card's figures rest on these: a scoring slip once hid the first
+merged sentence of every parallel answer. Texts are built from the task's
+own helpers, as the engine would return them (hook tokens are not in the
+text), then damaged one way at a time.
+"""
+
+import capitals_task as task
+import eval_real_model as evaluation
+import prepare_base_model as prepare
+import pytest
+from train_real_model import RowMaker
+
+TASK = task.Task(("Peru", "Guinea-Bissau", "Chile"), True)
+CAPITALS = [task.CAPITALS[c] for c in TASK.countries]
+
+
+def parallel_text(sentences: list[str], list_end: str = task.LIST_END):
+    """The parent's text: its list, the merged sentences, the conclusion
+    the sentences support."""
+    heading = "\n".join(
+        task.item_heading(i, c) for i, c in enumerate(TASK.countries))
+    given = [task.parse_sentence(s)[1] for s in sentences]
+    return (heading + list_end + "\n".join(sentences) +
+            task.conclusion_of(list(TASK.countries), given))
+
+
+@pytest.mark.parametrize("list_end", [task.LIST_END, ""])
+def test_a_right_answer_scores_every_country(list_end):
+    text = parallel_text(task.expected_sentences(TASK), list_end)
+    assert task.answers_correct(TASK, text) == [True, True, True]
+    assert task.sentences_correct(TASK, text) == [True, True, True]
+
+
+def test_a_wrong_child_costs_only_its_country():
+    sentences = task.expected_sentences(TASK)
+    sentences[1] = task.item_sentence("Guinea-Bissau", "Conakry")
+    text = parallel_text(sentences)
+    assert task.answers_correct(TASK, text) == [True, False, True]
+    assert task.sentences_correct(TASK, text) == [True, False, True]
+
+
+def test_a_sentence_about_another_country_does_not_count():
+    sentences = task.expected_sentences(TASK)
+    sentences[2] = "For Chile: the capital city of Peru is Santiago."
+    assert task.sentences_correct(
+        TASK,
+        parallel_text(sentences[:2]) + "\n" +
+        sentences[2]) == [True, True, False]
+
+
+def test_the_conclusion_is_read_by_country_first_pair_counting():
+    text = ("So the capital of Chile is Santiago, of Peru is Quito, "
+            "of Peru is Lima.")
+    assert task.parse_conclusion(text) == {
+        "Chile": "Santiago",
+        "Peru": "Quito"
+    }
+    assert task.answers_correct(TASK, text) == [False, False, True]
+
+
+def test_no_conclusion_scores_nothing():
+    text = "\n".join(task.expected_sentences(TASK))
+    assert task.parse_conclusion(text) == {}
+    assert task.answers_correct(TASK, text) == [False, False, False]
+
+
+def _form(conclusions: list[list[bool]]) -> dict:
+    return {"per_task": [{"conclusion_per_country": c} for c in conclusions]}
+
+
+def test_paired_counts_discordant_countries_and_tests_them():
+    report = {
+        "parallel": _form([[True, False, True], [False, False]]),
+        "sequential": _form([[True, True, False], [True, True]]),
+    }
+    # 1 country right only in parallel, 3 only in sequential: P(X <= 1)
+    # for X ~ Bin(4, 1/2) is 5/16, doubled.
+    assert evaluation.paired(report) == {
+        "only_parallel_right": 1,
+        "only_sequential_right": 3,
+        "sign_test_p": 0.625
+    }
+
+
+@pytest.fixture(scope="module")
+def row_maker():
+    from transformers import AutoTokenizer
+    return RowMaker(AutoTokenizer.from_pretrained(prepare.prepare_base()),
+                    known={"Peru"})
+
+
+def _untrained_text(row_maker, tokens, targets):
+    """The decoded tokens a row does not train, in order."""
+    return [
+        row_maker.tokenizer.decode([t])
+        for t, target in zip(tokens[1:], targets[:-1]) if target == -100
+    ]
+
+
+def test_rows_train_known_capitals_and_give_the_others(row_maker):
+    row = row_maker.packed(TASK)
+    children = [start for start, _ in row.children] + [len(row.tokens)]
+    untrained = [
+        "".join(
+            _untrained_text(row_maker, row.tokens[start:end],
+                            row.targets[start:end]))
+        for start, end in zip(children, children[1:])
+    ]
+    # The capitals of the countries the base does not know are given,
+    # Peru's is trained, like every other token a child writes.
+    assert untrained == ["", " Bissau", " Santiago"]
+    sequential = row_maker.packed(task.Task(TASK.countries, False))
+    prompt = len(row_maker.prompt(TASK))
+    answer = _untrained_text(row_maker, sequential.tokens[prompt - 1:],
+                             sequential.targets[prompt - 1:])
+    assert "".join(answer) == " Bissau Santiago"
