@@ -343,8 +343,11 @@ def main() -> None:
                         type=int,
                         default=0,
                         help="also save every N steps (0: only at the end)")
-    # One thread: on the shared 2-core machine (load 8 from other work) a
-    # forward pass took 6 ms/token with one thread and 37-51 with two.
+    # One thread by default, as the committed delta was trained (threads
+    # change float sums, so the weights). That choice was measured while
+    # the process was still pinned to one core (see
+    # `countries_the_base_knows`); unpinned, on an idle machine, two
+    # threads ran a step in 5.8 s against about 10 with one.
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     base = prepare.prepare_base()
