@@ -292,11 +292,8 @@ def expected_sentences(task: Task) -> list[str]:
 
 
 SENTENCE = re.compile(r"For (.+?): the capital city of (.+?) is (.+?)\.$")
-# An item sentence anywhere in a text (3: the capital).
-SENTENCE_IN_TEXT = re.compile(
-    r"For (.+?): the capital city of (.+?) is "
-    r"(.+?)\.$",
-    flags=re.MULTILINE)
+# An item sentence anywhere in a text, one per line (3: the capital).
+SENTENCE_IN_TEXT = re.compile(SENTENCE.pattern, flags=re.MULTILINE)
 CONCLUSION = re.compile(r"So the capital (of .+)\.$")
 CONCLUSION_PAIR = re.compile(r"(.+?) is (.+)")
 
@@ -338,12 +335,11 @@ def sentences_correct(task: Task, text: str) -> list[bool]:
     form's children, merged into the parent's text, or the sequential
     form's lines). The first sentence about a country counts."""
     said = {}
-    for line in text.split("\n"):
-        # A parent that syncs with no `LIST_END` puts the first merged
-        # sentence right after its last list line ("2. ChileFor Peru:
-        # ..."): search.
-        match = SENTENCE.search(line)
-        parsed = match and parse_sentence(match[0])
+    # Found anywhere in a line: a parent that syncs with no `LIST_END`
+    # puts the first merged sentence right after its last list line
+    # ("2. ChileFor Peru: ...").
+    for match in SENTENCE_IN_TEXT.finditer(text):
+        parsed = parse_sentence(match[0])
         if parsed:
             said.setdefault(parsed[0], parsed[1])
     return [said.get(c) == CAPITALS[c] for c in task.countries]
