@@ -42,6 +42,8 @@ EOS = "<|im_end|>"
 NEW_ROWS_FILE = "new_token_embeddings.safetensors"
 # Written last into a finished folder: a folder without it is redone.
 DONE = ".prepared"
+# Hex digits of the delta's digest in its merged checkpoint's name.
+DIGEST_CHARS = 12
 
 
 def cache_dir() -> Path:
@@ -167,7 +169,7 @@ def delta_digest(delta: Path) -> str:
                        if p.suffix in (".json", ".safetensors")):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
+    return digest.hexdigest()[:DIGEST_CHARS]
 
 
 def model_dir(delta: Path = DELTA) -> Path:
@@ -205,7 +207,26 @@ def merge_delta(delta: Path = DELTA) -> Path:
     model.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
     (out / DONE).write_text(json.dumps({"delta": str(delta.name)}))
+    remove_stale_merges(out)
     return out
+
+
+def remove_stale_merges(merged: Path) -> None:
+    """Removes the merges of other versions of ``merged``'s delta.
+
+    Each is a full checkpoint (517 MB) that nothing uses once the delta
+    changed; merges of other deltas and the base stay.
+
+    Args:
+        merged: A merged checkpoint's folder, named as `model_dir` names it.
+    """
+    delta_name = merged.name[:-DIGEST_CHARS - 1]
+    for folder in merged.parent.iterdir():
+        name, _, digest = folder.name.rpartition("-")
+        if (name == delta_name and len(digest) == DIGEST_CHARS
+                and folder != merged):
+            log(f"removing {folder}, a merge of an earlier {delta_name}")
+            shutil.rmtree(folder)
 
 
 def main() -> None:
