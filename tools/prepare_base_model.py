@@ -164,9 +164,10 @@ def prepare_base() -> Path:
 def delta_digest(delta: Path) -> str:
     """A short digest of the delta's files, naming its merged checkpoint."""
     digest = hashlib.sha256()
-    # The weights and their configuration; not the card or the log.
-    for path in sorted(p for p in delta.iterdir()
-                       if p.suffix in (".json", ".safetensors")):
+    # The weights and their configuration; not the card, log or report.
+    for path in sorted(
+            p for p in delta.iterdir()
+            if p.suffix == ".safetensors" or p.name == "adapter_config.json"):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:DIGEST_CHARS]

@@ -330,7 +330,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--tasks-per-step", type=int, default=6)
     parser.add_argument("--max-rows", type=int, default=4)
-    parser.add_argument("--seed", type=int, default=0)
+    # The committed delta's seed, chosen among five by the model card's
+    # rule (most held-out selection tasks with one child per country).
+    parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--lora-first-block",
                         type=int,
                         default=LORA_FIRST_BLOCK,
@@ -343,12 +345,10 @@ def main() -> None:
                         type=int,
                         default=0,
                         help="also save every N steps (0: only at the end)")
-    # One thread by default, as the committed delta was trained (threads
-    # change float sums, so the weights). That choice was measured while
-    # the process was still pinned to one core (see
-    # `countries_the_base_knows`); unpinned, on an idle machine, two
-    # threads ran a step in 5.8 s against about 10 with one.
-    parser.add_argument("--threads", type=int, default=1)
+    # Threads change float sums, so the weights: the committed delta was
+    # trained with two. On an idle machine two ran a step in 5.8 s against
+    # about 10 with one.
+    parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     base = prepare.prepare_base()
     known = (task.TRAIN_COUNTRIES
