@@ -24,8 +24,8 @@ the new rows, which `tools/prepare_base_model.py` merges into the base
 checkpoint.
 
 Usage: .venv/bin/python tools/train_real_model.py [--out DIR]
-    [--steps 160] [--tasks-per-step 6] [--seed 0] [--lora-first-block 12]
-    [--all-countries]
+    [--steps 160] [--tasks-per-step 6] [--seed 3] [--lora-first-block 12]
+    [--all-countries] [--threads 2]
 """
 
 import argparse
