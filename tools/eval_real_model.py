@@ -111,7 +111,7 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
                                 greedy,
                                 use_tqdm=False)
     seconds = time.monotonic() - start
-    correct = solved = spawned = own_item = sentences = 0
+    correct = solved = spawned = own_item = sentences = cut = 0
     failures, per_task = [], []
     for t, output in zip(tasks, outputs):
         text = output.outputs[0].text
@@ -123,7 +123,12 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         children = (output.promise_tree.children
                     if output.promise_tree else [])
         spawned += len(children) == len(t.countries)
+        # A text that ends at the token limit (a sentence repeated over
+        # and over, as a rule) has no conclusion.
+        cut += output.outputs[0].finish_reason == "length"
         per_task.append({
+            "cut_at_token_limit":
+            output.outputs[0].finish_reason == "length",
             "conclusion":
             sum(right),
             "conclusion_per_country":
@@ -149,6 +154,8 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         sentences / sum(len(t.countries) for t in tasks),
         "tasks_all_correct":
         solved / len(tasks),
+        "tasks_cut_at_token_limit":
+        cut,
         "seconds":
         round(seconds, 1),
         "failures":
