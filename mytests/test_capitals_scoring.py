@@ -8,13 +8,11 @@ own helpers, as the engine would return them (hook tokens are not in the
 text), then damaged one way at a time.
 """
 
-import random
-
 import capitals_task as task
 import eval_real_model as evaluation
 import prepare_base_model as prepare
 import pytest
-from train_real_model import RowMaker, misspelt
+from train_real_model import RowMaker
 
 TASK = task.Task(("Peru", "Guinea-Bissau", "Chile"), True)
 CAPITALS = [task.CAPITALS[c] for c in TASK.countries]
@@ -120,49 +118,3 @@ def test_rows_train_known_capitals_and_give_the_others(row_maker):
     answer = _untrained_text(row_maker, sequential.tokens[prompt - 1:],
                              sequential.targets[prompt - 1:])
     assert "".join(answer) == " Bissau Santiago"
-
-
-def test_misspelt_capitals_are_given_and_copied_by_the_conclusion(row_maker):
-
-    def maker():
-        return RowMaker(row_maker.tokenizer,
-                        row_maker.known,
-                        random.Random(0),
-                        misspelt_share=1.0)
-
-    # A row draws its capitals first: a maker seeded alike shows them.
-    written = maker().written_capitals(TASK)
-    # Only the capitals the row gives (not Peru's, which is trained) are
-    # misspelt.
-    assert written[0] == "Lima"
-    assert all(w != a for w, a in zip(written[1:], CAPITALS[1:]))
-    row = maker().packed(TASK)
-    text = row_maker.tokenizer.decode(row.tokens)
-    for country, capital in zip(TASK.countries, written):
-        assert task.item_sentence(country, capital) in text
-    parent = row_maker.tokenizer.decode(row.tokens[:row.children[0][0]],
-                                        skip_special_tokens=True)
-    assert task.parse_conclusion(parent) == dict(zip(TASK.countries, written))
-    # A misspelt capital is untrained; the full stop and the end of the
-    # child after it are trained.
-    start = row.children[1][0]
-    child = row.tokens[start:row.children[2][0]]
-    targets = row.targets[start:row.children[2][0]]
-    untrained = "".join(_untrained_text(row_maker, child, targets))
-    assert untrained.strip() == written[1]
-    assert row_maker.tokenizer.decode(child[-2:]) == ".<|im_end|>"
-    assert targets[-3:-1] == child[-2:]
-
-
-def test_a_misspelt_capital_differs_and_parses_as_a_capital():
-    rng = random.Random(0)
-    for country, capital in task.CAPITALS.items():
-        name = misspelt(rng, capital)
-        assert name != capital
-        sentence = task.item_sentence(country, name)
-        assert task.parse_sentence(sentence) == (country, name)
-        # Followed by another pair, as in a conclusion of many.
-        other = "Chile" if country != "Chile" else "Peru"
-        pairs = {country: name, other: task.CAPITALS[other]}
-        conclusion = task.conclusion_of(list(pairs), list(pairs.values()))
-        assert task.parse_conclusion(conclusion) == pairs

@@ -23,7 +23,6 @@ evaluation asks about.
 import random
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 # The hook tokens, as the model's set-up adds them.
 from prepare_base_model import CHILD, PROMISE, SYNC  # noqa: F401
@@ -270,12 +269,11 @@ def item_sentence(country: str, capital: str) -> str:
     return f"For {country}: the capital city of {country} is {capital}."
 
 
-def sequential_answer(task: Task, capitals: Optional[list[str]] = None) -> str:
+def sequential_answer(task: Task) -> str:
     """The sequential form's text before its conclusion: each country's
-    line, then its sentence (with ``capitals``, default the right ones)."""
-    capitals = capitals or [CAPITALS[c] for c in task.countries]
-    return "\n".join(f"{item_heading(i, c)}\n{item_sentence(c, a)}"
-                     for i, (c, a) in enumerate(zip(task.countries, capitals)))
+    line, then its sentence."""
+    return "\n".join(f"{item_heading(i, c)}\n{item_sentence(c, CAPITALS[c])}"
+                     for i, c in enumerate(task.countries))
 
 
 def conclusion_of(countries: list[str], capitals: list[str]) -> str:
@@ -288,12 +286,9 @@ def conclusion_of(countries: list[str], capitals: list[str]) -> str:
     return "\nSo the capital " + ", ".join(pairs) + "."
 
 
-def expected_sentences(task: Task,
-                       capitals: Optional[list[str]] = None) -> list[str]:
-    """The item sentences of ``task``, in order, with ``capitals`` (default
-    the right ones)."""
-    capitals = capitals or [CAPITALS[c] for c in task.countries]
-    return [item_sentence(c, a) for c, a in zip(task.countries, capitals)]
+def expected_sentences(task: Task) -> list[str]:
+    """The correct item sentences of ``task``, in order."""
+    return [item_sentence(c, CAPITALS[c]) for c in task.countries]
 
 
 SENTENCE = re.compile(r"For (.+?): the capital city of (.+?) is (.+?)\.$")

