@@ -16,8 +16,9 @@ exactly (parallel, sequential), or when the base's reply contains the
 capital as a whole phrase (lenient to the base). For the two forms it also
 reports the accuracy of the item sentences alone (the sentence about the
 country gives its capital exactly), which separates what the model knows
-from how well its conclusion copies it, and the countries only one form
-gets right, with a sign test. Prints a JSON report.
+from how well its conclusion copies it, the texts cut at the token limit
+(a sentence repeated until then leaves no conclusion), and the countries
+only one form gets right, with a sign test. Prints a JSON report.
 
 Usage: .venv/bin/python tools/eval_real_model.py [--tasks 56]
     [--seeds 1000 3000 4000]
@@ -94,7 +95,8 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
 
     Returns:
         Per-country accuracy (of the conclusion, and of the item sentences
-        alone), share of tasks with every country right,
+        alone), share of tasks with every country right, number of
+        texts cut at the token limit (per task too),
         share of tasks that spawned one child per country (parallel), share
         whose children each wrote their own country's sentence (parallel),
         wall time, and up to three failures.
