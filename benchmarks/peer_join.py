@@ -623,7 +623,12 @@ def main() -> None:
     parser.add_argument("--out", default="peer_join.json")
     args = parser.parse_args()
     workload = Workload(args)
-    results: dict = {"model": workload.model, "dtype": workload.dtype}
+    # The checkpoint's folder name (the delta's digest), not this machine's
+    # path to it.
+    results: dict = {
+        "model": Path(workload.model).name,
+        "dtype": workload.dtype
+    }
     if not args.skip_in_process:
         results["in_process"] = []
         for block_size in args.block_sizes:
