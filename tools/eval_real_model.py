@@ -127,10 +127,11 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         spawned += len(children) == len(t.countries)
         # A text that ends at the token limit (a sentence repeated over
         # and over, as a rule) has no conclusion.
-        cut += output.outputs[0].finish_reason == "length"
+        was_cut = output.outputs[0].finish_reason == "length"
+        cut += was_cut
         per_task.append({
             "cut_at_token_limit":
-            output.outputs[0].finish_reason == "length",
+            was_cut,
             "conclusion":
             sum(right),
             "conclusion_per_country":
