@@ -9,6 +9,7 @@ text), then damaged one way at a time.
 """
 
 import capitals_task as task
+import eval_by_country
 import eval_real_model as evaluation
 import prepare_base_model as prepare
 import pytest
@@ -84,6 +85,78 @@ def test_paired_counts_discordant_countries_and_tests_them():
         "only_sequential_right": 3,
         "sign_test_p": 0.625
     }
+
+
+def _rows(conclusions: list[list[bool]], cut: list[bool],
+          spawned: list[bool]) -> dict:
+    return {
+        "per_task": [{
+            "conclusion_per_country": c,
+            "cut_at_token_limit": k,
+            "one_child_per_country": s
+        } for c, k, s in zip(conclusions, cut, spawned)]
+    }
+
+
+def test_by_country_counts_each_country_over_its_tasks():
+    tasks = [
+        task.Task(("Peru", "Chile"), True),
+        task.Task(("Chile", "France", "Peru"), True)
+    ]
+    report = {
+        "parallel":
+        _rows([[True, True], [True, True, False]], [False, True],
+              [True, False]),
+        "sequential":
+        _rows([[False, False], [True, True, True]], [False, False],
+              [True, True]),
+    }
+    table = eval_by_country.by_country(tasks, report)
+    assert table["Peru"] == {
+        "tasks": 2,
+        "parallel_right": 1,
+        "sequential_right": 1,
+        "parallel_cut": 1,
+        "sequential_cut": 0,
+        "not_one_child_per_country": 1
+    }
+    assert table["Chile"]["parallel_right"] == 2
+    assert table["Chile"]["sequential_right"] == 1
+    assert table["France"]["tasks"] == 1
+    # Each country once: Chile for parallel, Peru and France tied.
+    assert eval_by_country.countries_each_form_wins(table) == {
+        "countries_parallel_ahead": 1,
+        "countries_sequential_ahead": 0,
+        "countries_tied": 2,
+        "sign_test_p": 1.0
+    }
+    with pytest.raises(ValueError, match="the seeds give 1"):
+        eval_by_country.by_country(tasks[:1], report)
+
+
+def test_by_country_leaves_cuts_unknown_in_reports_without_them():
+    tasks = [task.Task(("Peru", ), True)]
+    report = {
+        form: {
+            "per_task": [{
+                "conclusion_per_country": [True],
+                "one_child_per_country": True
+            }]
+        }
+        for form in ("parallel", "sequential")
+    }
+    old = eval_by_country.by_country(tasks, report)
+    assert old["Peru"]["parallel_cut"] is None
+    new = eval_by_country.by_country(
+        tasks, {
+            form: _rows([[True]], [True], [True])
+            for form in ("parallel", "sequential")
+        })
+    both = eval_by_country.merged([old, new])
+    assert both["Peru"]["tasks"] == 2
+    assert both["Peru"]["parallel_right"] == 2
+    assert both["Peru"]["parallel_cut"] is None
+    assert eval_by_country.merged([new, new])["Peru"]["parallel_cut"] == 2
 
 
 @pytest.fixture(scope="module")

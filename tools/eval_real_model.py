@@ -31,6 +31,7 @@ import os
 import random
 import re
 import time
+from math import comb
 from pathlib import Path
 
 import capitals_task as task
@@ -276,7 +277,6 @@ def paired(report: dict) -> dict:
     Returns:
         The counts each way and the test's p-value.
     """
-    from math import comb
     pairs = [
         pair for p, s in zip(report["parallel"]["per_task"],
                              report["sequential"]["per_task"]) for pair in
@@ -284,14 +284,28 @@ def paired(report: dict) -> dict:
     ]
     only_parallel = sum(p and not s for p, s in pairs)
     only_sequential = sum(s and not p for p, s in pairs)
-    n, low = only_parallel + only_sequential, min(only_parallel,
-                                                  only_sequential)
-    tail = sum(comb(n, i) for i in range(low + 1)) / 2**n
     return {
         "only_parallel_right": only_parallel,
         "only_sequential_right": only_sequential,
-        "sign_test_p": round(min(1.0, 2 * tail), 3)
+        "sign_test_p": sign_test_p(only_parallel, only_sequential)
     }
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """The exact two-sided sign test: how likely a split at least as
+    uneven as ``wins`` to ``losses`` is if either side is equally likely
+    to win each (ties left out beforehand).
+
+    Args:
+        wins: The cases one side wins.
+        losses: The cases the other side wins.
+
+    Returns:
+        The p-value, rounded to three places.
+    """
+    n, low = wins + losses, min(wins, losses)
+    tail = sum(comb(n, i) for i in range(low + 1)) / 2**n
+    return round(min(1.0, 2 * tail), 3)
 
 
 def main() -> None:

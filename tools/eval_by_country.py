@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Where the forms differ, held-out country by country.
+
+Reads reports of `eval_real_model.py` (with the seeds each was run with:
+the reports hold per-task scores, the seeds give the tasks back) and
+prints, per held-out country: the tasks that ask about it, how often its
+own capital is right in each form's conclusion, and how many of those
+tasks were cut at the token limit or did not get one child per country.
+Sorted by how far the parallel form is behind, so the names that cost it
+most come first; then the forms compared with the country as the unit.
+
+Usage: PYTHONPATH=tools .venv/bin/python tools/eval_by_country.py
+    REPORT:SEED[,SEED...] [REPORT:SEED[,SEED...] ...] [--tasks 56]
+"""
+
+import argparse
+import json
+from collections import defaultdict
+
+import capitals_task as task
+import eval_real_model as evaluation
+
+FORMS = ("parallel", "sequential")
+
+
+def by_country(tasks: list[task.Task], report: dict) -> dict[str, dict]:
+    """Per country, the counts over the tasks that ask about it.
+
+    Args:
+        tasks: The report's tasks, in its order.
+        report: An `eval_real_model.py` report over ``tasks``.
+
+    Returns:
+        Country -> tasks asking about it, its capital right in each form's
+        conclusion, tasks cut at the token limit per form (None if the
+        report does not say), and tasks whose parallel parent did not
+        promise one child per country.
+    """
+    counts: dict[str, dict] = defaultdict(lambda: defaultdict(int))
+    rows = {form: report[form]["per_task"] for form in FORMS}
+    if any(len(rows[form]) != len(tasks) for form in FORMS):
+        raise ValueError(f"the report has {len(rows['parallel'])} tasks, "
+                         f"the seeds give {len(tasks)}")
+    for i, t in enumerate(tasks):
+        for j, country in enumerate(t.countries):
+            row = counts[country]
+            row["tasks"] += 1
+            for form in FORMS:
+                row[f"{form}_right"] += rows[form][i][
+                    "conclusion_per_country"][j]
+                # Reports before the count have no cut flag: None.
+                cut = rows[form][i].get("cut_at_token_limit")
+                row[f"{form}_cut"] = (None if cut is None or row[f"{form}_cut"]
+                                      is None else row[f"{form}_cut"] + cut)
+            row["not_one_child_per_country"] += not rows["parallel"][i][
+                "one_child_per_country"]
+    return {country: dict(row) for country, row in counts.items()}
+
+
+def merged(tables: list[dict[str, dict]]) -> dict[str, dict]:
+    """The per-country counts of several reports, added up (None where
+    one of them has None)."""
+    total: dict[str, dict] = defaultdict(lambda: defaultdict(int))
+    for table in tables:
+        for country, row in table.items():
+            for key, value in row.items():
+                so_far = total[country][key]
+                total[country][key] = (None if value is None or so_far is None
+                                       else so_far + value)
+    return {country: dict(row) for country, row in total.items()}
+
+
+def countries_each_form_wins(table: dict[str, dict]) -> dict:
+    """The forms compared with the held-out country as the unit.
+
+    Whether a capital comes out right depends mostly on its country and
+    the form, little on the task: most countries are right in nearly
+    every task that asks about them or in nearly none. The same country
+    in different tasks is then not an independent trial, and the paired
+    test of `eval_real_model.py`, which counts it once per task,
+    overstates the evidence. Here each
+    country counts once, for the form whose conclusion gives its capital
+    more often.
+
+    Args:
+        table: Per-country counts, as `by_country` returns them.
+
+    Returns:
+        The countries each form wins, the ties, and the sign test's p.
+    """
+    parallel = sum(row["parallel_right"] > row["sequential_right"]
+                   for row in table.values())
+    sequential = sum(row["parallel_right"] < row["sequential_right"]
+                     for row in table.values())
+    return {
+        "countries_parallel_ahead": parallel,
+        "countries_sequential_ahead": sequential,
+        "countries_tied": len(table) - parallel - sequential,
+        "sign_test_p": evaluation.sign_test_p(parallel, sequential)
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("reports",
+                        nargs="+",
+                        metavar="REPORT:SEEDS",
+                        help="a report and its comma-separated seeds")
+    parser.add_argument("--tasks",
+                        type=int,
+                        default=56,
+                        help="tasks per seed, as the reports were run")
+    args = parser.parse_args()
+    tables = []
+    for spec in args.reports:
+        path, _, seeds = spec.rpartition(":")
+        tasks = [
+            t for seed in seeds.split(",")
+            for t in evaluation.held_out_tasks(args.tasks, int(seed))
+        ]
+        with open(path) as f:
+            tables.append(by_country(tasks, json.load(f)))
+    table = merged(tables)
+    print("country | tasks | parallel right | sequential right | "
+          "cut (parallel / sequential) | not one child per country")
+
+    def shown(count) -> str:
+        return "-" if count is None else str(count)
+
+    for country, row in sorted(table.items(),
+                               key=lambda item: item[1]["parallel_right"] -
+                               item[1]["sequential_right"]):
+        print(f"{country} | {row['tasks']} | {row['parallel_right']} | "
+              f"{row['sequential_right']} | {shown(row['parallel_cut'])} / "
+              f"{shown(row['sequential_cut'])} | "
+              f"{row['not_one_child_per_country']}")
+    print(json.dumps(countries_each_form_wins(table)))
+
+
+if __name__ == "__main__":
+    main()
