@@ -8,12 +8,14 @@ own helpers, as the engine would return them (hook tokens are not in the
 text), then damaged one way at a time.
 """
 
+import random
+
 import capitals_task as task
 import eval_by_country
 import eval_real_model as evaluation
 import prepare_base_model as prepare
 import pytest
-from train_real_model import RowMaker
+from train_real_model import PARALLEL_SHARE, RowMaker, step_batches
 
 TASK = task.Task(("Peru", "Guinea-Bissau", "Chile"), True)
 CAPITALS = [task.CAPITALS[c] for c in TASK.countries]
@@ -159,6 +161,35 @@ def test_by_country_leaves_cuts_unknown_in_reports_without_them():
     assert eval_by_country.merged([new, new])["Peru"]["parallel_cut"] == 2
 
 
+def test_confusable_pairs_share_a_word_or_begin_one_another():
+    names = [
+        "Guinea", "Peru", "Guinea-Bissau", "Niger", "Nigeria", "Sudan",
+        "South Sudan", "South Korea"
+    ]
+    assert task.confusable_pairs(names) == [("Guinea", "Guinea-Bissau"),
+                                            ("Niger", "Nigeria"),
+                                            ("Sudan", "South Sudan"),
+                                            ("South Sudan", "South Korea")]
+    # The held-out ones are the four Guinea names, pairwise.
+    held_out = task.confusable_pairs(task.HELD_OUT_COUNTRIES)
+    assert len(held_out) == 6
+    assert all("Guinea" in a and "Guinea" in b for a, b in held_out)
+
+
+def test_confusable_tasks_hold_one_pair_among_distinct_countries():
+    tasks = evaluation.held_out_tasks(14, 9100, confusable=True)
+    pairs = task.confusable_pairs(task.HELD_OUT_COUNTRIES)
+    for i, t in enumerate(tasks):
+        assert len(t.countries) == task.MIN_ITEMS + i % 7
+        assert len(set(t.countries)) == len(t.countries)
+        assert any(set(pair) <= set(t.countries) for pair in pairs)
+    # The default draw is the one the committed reports were made with.
+    assert evaluation.held_out_tasks(3, 1000) == [
+        task.make_task(rng, task.HELD_OUT_COUNTRIES, True, k)
+        for rng in [random.Random(1000)] for k in (2, 3, 4)
+    ]
+
+
 @pytest.fixture(scope="module")
 def row_maker():
     from transformers import AutoTokenizer
@@ -191,3 +222,43 @@ def test_rows_train_known_capitals_and_give_the_others(row_maker):
     answer = _untrained_text(row_maker, sequential.tokens[prompt - 1:],
                              sequential.targets[prompt - 1:])
     assert "".join(answer) == " Bissau Santiago"
+
+
+class _Recorder:
+    """Packs tasks with a real row maker and remembers them."""
+
+    def __init__(self, maker: RowMaker):
+        # The real row maker.
+        self.maker = maker
+        # The tasks packed, in order.
+        self.tasks: list[task.Task] = []
+        # The padding id batches use.
+        self.eos = maker.eos
+
+    def packed(self, request: task.Task):
+        self.tasks.append(request)
+        return self.maker.packed(request)
+
+
+def _drawn(row_maker, share: float) -> list[task.Task]:
+    recorder = _Recorder(row_maker)
+    list(
+        step_batches(recorder, random.Random(5), task.TRAIN_COUNTRIES, 24, 4,
+                     share))
+    return recorder.tasks
+
+
+def test_training_draws_confusable_pairs_only_when_asked(row_maker):
+    pairs = task.confusable_pairs(task.TRAIN_COUNTRIES)
+
+    def with_pair(tasks):
+        return sum(
+            any(set(p) <= set(t.countries) for p in pairs) for t in tasks)
+
+    assert with_pair(_drawn(row_maker, 1.0)) == 24
+    # Share 0 draws as the committed delta's training did.
+    rng = random.Random(5)
+    assert _drawn(row_maker, 0.0) == [
+        task.make_task(rng, task.TRAIN_COUNTRIES,
+                       rng.random() < PARALLEL_SHARE) for _ in range(24)
+    ]

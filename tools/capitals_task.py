@@ -23,6 +23,7 @@ evaluation asks about.
 import random
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 # The hook tokens, as the model's set-up adds them.
 from prepare_base_model import CHILD, PROMISE, SYNC  # noqa: F401
@@ -219,7 +220,8 @@ class Task:
 def make_task(rng: random.Random,
               countries: list[str],
               parallel: bool,
-              num_items: int = 0) -> Task:
+              num_items: int = 0,
+              pairs: Optional[list[tuple[str, str]]] = None) -> Task:
     """A random task over distinct countries of ``countries``.
 
     Args:
@@ -227,12 +229,31 @@ def make_task(rng: random.Random,
         countries: The countries to draw from.
         parallel: The form.
         num_items: How many countries; 0 draws from 2 to 8.
+        pairs: If given, the task holds one of these pairs (drawn at
+            random) among its countries, in a random order.
 
     Returns:
         The task.
     """
     k = num_items or rng.randint(MIN_ITEMS, MAX_ITEMS)
-    return Task(tuple(rng.sample(countries, k)), parallel)
+    if not pairs:
+        return Task(tuple(rng.sample(countries, k)), parallel)
+    pair = list(rng.choice(pairs))
+    names = pair + rng.sample([c for c in countries if c not in pair], k - 2)
+    rng.shuffle(names)
+    return Task(tuple(names), parallel)
+
+
+def confusable_pairs(countries: list[str]) -> list[tuple[str, str]]:
+    """The pairs of ``countries`` a parent copying its list can confuse:
+    they share a word (`Guinea`, `Guinea-Bissau`; `Sudan`, `South Sudan`)
+    or one name begins the other (`Niger`, `Nigeria`)."""
+
+    def words(name: str) -> set[str]:
+        return set(re.split(r"[ -]", name))
+
+    return [(a, b) for i, a in enumerate(countries) for b in countries[i + 1:]
+            if words(a) & words(b) or a.startswith(b) or b.startswith(a)]
 
 
 def messages_of(task: Task) -> list[dict]:

@@ -21,7 +21,7 @@ from how well its conclusion copies it, the texts cut at the token limit
 only one form gets right, with a sign test. Prints a JSON report.
 
 Usage: .venv/bin/python tools/eval_real_model.py [--tasks 56]
-    [--seeds 1000 3000 4000]
+    [--seeds 1000 3000 4000] [--confusable]
     [--model CHECKPOINT | --delta DIR]
 """
 
@@ -77,13 +77,27 @@ def chat_prompt(llm, messages: list[dict]) -> dict:
     return {"prompt_token_ids": ids}
 
 
-def held_out_tasks(num_tasks: int, seed: int) -> list[task.Task]:
-    """Parallel tasks over held-out countries, sizes 2 to 8 in turn."""
+def held_out_tasks(num_tasks: int,
+                   seed: int,
+                   confusable: bool = False) -> list[task.Task]:
+    """Parallel tasks over held-out countries, sizes 2 to 8 in turn.
+
+    Args:
+        num_tasks: How many.
+        seed: The seed of their draw.
+        confusable: Whether each task holds a pair of held-out countries
+            that share a word (`Guinea`, `Guinea-Bissau`).
+
+    Returns:
+        The tasks.
+    """
     rng = random.Random(seed)
     sizes = range(task.MIN_ITEMS, task.MAX_ITEMS + 1)
+    pairs = (task.confusable_pairs(task.HELD_OUT_COUNTRIES)
+             if confusable else None)
     return [
         task.make_task(rng, task.HELD_OUT_COUNTRIES, True,
-                       sizes[i % len(sizes)]) for i in range(num_tasks)
+                       sizes[i % len(sizes)], pairs) for i in range(num_tasks)
     ]
 
 
@@ -316,6 +330,10 @@ def main() -> None:
                         nargs="+",
                         default=[1000, 3000, 4000],
                         help="draw --tasks tasks from each seed")
+    parser.add_argument("--confusable",
+                        action="store_true",
+                        help="every task holds two countries that share a "
+                        "word (the names a parent confuses most)")
     parser.add_argument("--model",
                         help="the fine-tuned checkpoint (default: set-up's)")
     parser.add_argument("--delta",
@@ -324,7 +342,8 @@ def main() -> None:
                         "committed one)")
     args = parser.parse_args()
     tasks = [
-        t for seed in args.seeds for t in held_out_tasks(args.tasks, seed)
+        t for seed in args.seeds
+        for t in held_out_tasks(args.tasks, seed, args.confusable)
     ]
     sequential = [task.Task(t.countries, False) for t in tasks]
     model = (
