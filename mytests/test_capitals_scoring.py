@@ -15,7 +15,7 @@ import eval_by_country
 import eval_real_model as evaluation
 import prepare_base_model as prepare
 import pytest
-from train_real_model import PARALLEL_SHARE, RowMaker, step_batches
+from train_real_model import RowMaker
 
 TASK = task.Task(("Peru", "Guinea-Bissau", "Chile"), True)
 CAPITALS = [task.CAPITALS[c] for c in TASK.countries]
@@ -222,43 +222,3 @@ def test_rows_train_known_capitals_and_give_the_others(row_maker):
     answer = _untrained_text(row_maker, sequential.tokens[prompt - 1:],
                              sequential.targets[prompt - 1:])
     assert "".join(answer) == " Bissau Santiago"
-
-
-class _Recorder:
-    """Packs tasks with a real row maker and remembers them."""
-
-    def __init__(self, maker: RowMaker):
-        # The real row maker.
-        self.maker = maker
-        # The tasks packed, in order.
-        self.tasks: list[task.Task] = []
-        # The padding id batches use.
-        self.eos = maker.eos
-
-    def packed(self, request: task.Task):
-        self.tasks.append(request)
-        return self.maker.packed(request)
-
-
-def _drawn(row_maker, share: float) -> list[task.Task]:
-    recorder = _Recorder(row_maker)
-    list(
-        step_batches(recorder, random.Random(5), task.TRAIN_COUNTRIES, 24, 4,
-                     share))
-    return recorder.tasks
-
-
-def test_training_draws_confusable_pairs_only_when_asked(row_maker):
-    pairs = task.confusable_pairs(task.TRAIN_COUNTRIES)
-
-    def with_pair(tasks):
-        return sum(
-            any(set(p) <= set(t.countries) for p in pairs) for t in tasks)
-
-    assert with_pair(_drawn(row_maker, 1.0)) == 24
-    # Share 0 draws as the committed delta's training did.
-    rng = random.Random(5)
-    assert _drawn(row_maker, 0.0) == [
-        task.make_task(rng, task.TRAIN_COUNTRIES,
-                       rng.random() < PARALLEL_SHARE) for _ in range(24)
-    ]

@@ -208,28 +208,14 @@ def batch_of(rows: list[PackedRow], pad_id: int):
             torch.stack([r.mask(width) for r in rows]).unsqueeze(1))
 
 
-def step_batches(maker: RowMaker,
-                 rng: random.Random,
-                 countries: list[str],
-                 tasks_per_step: int,
-                 max_rows: int,
-                 confusable_share: float = 0.0):
+def step_batches(maker: RowMaker, rng: random.Random, countries: list[str],
+                 tasks_per_step: int, max_rows: int):
     """One step's tasks over ``countries`` as padded batches of at most
-    ``max_rows`` rows, rows of similar length together; a task holds a
-    pair of confusable countries with probability ``confusable_share``."""
-    pairs = task.confusable_pairs(countries)
-
-    def draw() -> task.Task:
-        parallel = rng.random() < PARALLEL_SHARE
-        if confusable_share and rng.random() < confusable_share:
-            return task.make_task(rng,
-                                  countries,
-                                  parallel,
-                                  rng.randint(task.MIN_ITEMS, task.MAX_ITEMS),
-                                  pairs=pairs)
-        return task.make_task(rng, countries, parallel)
-
-    rows = sorted((maker.packed(draw()) for _ in range(tasks_per_step)),
+    ``max_rows`` rows, rows of similar length together."""
+    rows = sorted((maker.packed(
+        task.make_task(rng, countries,
+                       rng.random() < PARALLEL_SHARE))
+                   for _ in range(tasks_per_step)),
                   key=lambda row: len(row.tokens))
     for start in range(0, len(rows), max_rows):
         yield batch_of(rows[start:start + max_rows], maker.eos)
@@ -355,11 +341,6 @@ def main() -> None:
                         action="store_true",
                         help="also train the capitals the base does not "
                         "know")
-    parser.add_argument("--confusable-share",
-                        type=float,
-                        default=0.0,
-                        help="share of tasks holding two countries that "
-                        "share a word (Sudan, South Sudan)")
     parser.add_argument("--save-every",
                         type=int,
                         default=0,
@@ -413,7 +394,7 @@ def main() -> None:
         optimizer.zero_grad()
         batches = list(
             step_batches(maker, rng, task.TRAIN_COUNTRIES, args.tasks_per_step,
-                         args.max_rows, args.confusable_share))
+                         args.max_rows))
         num_tokens = sum(int((b[2] != -100).sum()) for b in batches)
         for batch in batches:
             loss, n = loss_of(decoder, hook_rows, *batch)
