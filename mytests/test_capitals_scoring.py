@@ -8,6 +8,7 @@ own helpers, as the engine would return them (hook tokens are not in the
 text), then damaged one way at a time.
 """
 
+import json
 import random
 
 import capitals_task as task
@@ -92,6 +93,7 @@ def test_paired_counts_discordant_countries_and_tests_them():
 def _rows(conclusions: list[list[bool]], cut: list[bool],
           spawned: list[bool]) -> dict:
     return {
+        "failures": [],
         "per_task": [{
             "conclusion_per_country": c,
             "cut_at_token_limit": k,
@@ -140,6 +142,7 @@ def test_by_country_leaves_cuts_unknown_in_reports_without_them():
     tasks = [task.Task(("Peru", ), True)]
     report = {
         form: {
+            "failures": [],
             "per_task": [{
                 "conclusion_per_country": [True],
                 "one_child_per_country": True
@@ -159,6 +162,23 @@ def test_by_country_leaves_cuts_unknown_in_reports_without_them():
     assert both["Peru"]["parallel_right"] == 2
     assert both["Peru"]["parallel_cut"] is None
     assert eval_by_country.merged([new, new])["Peru"]["parallel_cut"] == 2
+
+
+def test_a_report_gives_back_its_tasks_and_no_others():
+    with open(prepare.DELTA / "eval_report.json") as f:
+        report = json.load(f)
+    tasks = eval_by_country.tasks_of(report)
+    assert len(tasks) == 168
+    eval_by_country.check_tasks(tasks, report)
+    # Same sizes, other countries: the kept failures tell them apart.
+    other = eval_by_country.tasks_of(dict(report, seeds=[5000, 6000, 7000]))
+    with pytest.raises(ValueError, match="other tasks"):
+        eval_by_country.check_tasks(other, report)
+    with pytest.raises(ValueError, match="other tasks"):
+        eval_by_country.by_country(
+            eval_by_country.tasks_of(dict(report, confusable=True)), report)
+    with pytest.raises(ValueError, match="names no seeds"):
+        eval_by_country.tasks_of({"parallel": report["parallel"]})
 
 
 def test_confusable_pairs_share_a_word_or_begin_one_another():

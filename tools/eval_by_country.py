@@ -2,16 +2,16 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Where the forms differ, held-out country by country.
 
-Reads reports of `eval_real_model.py` (with the seeds each was run with:
-the reports hold per-task scores, the seeds give the tasks back) and
-prints, per held-out country: the tasks that ask about it, how often its
-own capital is right in each form's conclusion, and how many of those
-tasks were cut at the token limit or did not get one child per country.
-Sorted by how far the parallel form is behind, so the names that cost it
-most come first; then the forms compared with the country as the unit.
+Reads reports of `eval_real_model.py` (each names the seeds its tasks
+were drawn with) and prints, per held-out country: the tasks that ask
+about it, how often its own capital is right in each form's conclusion,
+and how many of those tasks were cut at the token limit or did not get
+one child per country. Sorted by how far the parallel form is behind, so
+the names that cost it most come first; then the forms compared with the
+country as the unit.
 
 Usage: PYTHONPATH=tools .venv/bin/python tools/eval_by_country.py
-    REPORT:SEED[,SEED...] [REPORT:SEED[,SEED...] ...] [--tasks 56]
+    REPORT [REPORT ...]
 """
 
 import argparse
@@ -22,6 +22,45 @@ import capitals_task as task
 import eval_real_model as evaluation
 
 FORMS = ("parallel", "sequential")
+
+
+def check_tasks(tasks: list[task.Task], report: dict) -> None:
+    """Raises ValueError unless ``tasks`` are the report's.
+
+    Reports keep no seeds; they do keep, per form, the countries of
+    their first failed tasks (up to three), in order. Tasks of other
+    seeds, or of the same seeds in another order, name other countries
+    there (the sizes alone cycle alike for every seed).
+    """
+    for form in FORMS:
+        rows = report[form]["per_task"]
+        if len(rows) != len(tasks):
+            raise ValueError(f"the report has {len(rows)} tasks, the seeds "
+                             f"give {len(tasks)}")
+        failed = [
+            list(t.countries) for t, row in zip(tasks, rows)
+            if not all(row["conclusion_per_country"])
+        ]
+        kept = [list(f["countries"]) for f in report[form]["failures"]]
+        if failed[:len(kept)] != kept:
+            raise ValueError("the seeds give other tasks than the report's: "
+                             f"its first failures are {kept}, the seeds' "
+                             f"tasks there are {failed[:len(kept)]}")
+
+
+def tasks_of(report: dict) -> list[task.Task]:
+    """The report's tasks, drawn again from the seeds it names.
+
+    Raises:
+        ValueError: if the report names no seeds.
+    """
+    if "seeds" not in report:
+        raise ValueError("the report names no seeds (made before "
+                         "eval_real_model.py recorded them)")
+    return [
+        t for seed in report["seeds"] for t in evaluation.held_out_tasks(
+            report["tasks_per_seed"], seed, report["confusable"])
+    ]
 
 
 def by_country(tasks: list[task.Task], report: dict) -> dict[str, dict]:
@@ -37,11 +76,9 @@ def by_country(tasks: list[task.Task], report: dict) -> dict[str, dict]:
         report does not say), and tasks whose parallel parent did not
         promise one child per country.
     """
+    check_tasks(tasks, report)
     counts: dict[str, dict] = defaultdict(lambda: defaultdict(int))
     rows = {form: report[form]["per_task"] for form in FORMS}
-    if any(len(rows[form]) != len(tasks) for form in FORMS):
-        raise ValueError(f"the report has {len(rows['parallel'])} tasks, "
-                         f"the seeds give {len(tasks)}")
     for i, t in enumerate(tasks):
         for j, country in enumerate(t.countries):
             row = counts[country]
@@ -103,24 +140,13 @@ def countries_each_form_wins(table: dict[str, dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("reports",
-                        nargs="+",
-                        metavar="REPORT:SEEDS",
-                        help="a report and its comma-separated seeds")
-    parser.add_argument("--tasks",
-                        type=int,
-                        default=56,
-                        help="tasks per seed, as the reports were run")
+    parser.add_argument("reports", nargs="+", metavar="REPORT")
     args = parser.parse_args()
     tables = []
-    for spec in args.reports:
-        path, _, seeds = spec.rpartition(":")
-        tasks = [
-            t for seed in seeds.split(",")
-            for t in evaluation.held_out_tasks(args.tasks, int(seed))
-        ]
+    for path in args.reports:
         with open(path) as f:
-            tables.append(by_country(tasks, json.load(f)))
+            report = json.load(f)
+        tables.append(by_country(tasks_of(report), report))
     table = merged(tables)
     print("country | tasks | parallel right | sequential right | "
           "cut (parallel / sequential) | not one child per country")

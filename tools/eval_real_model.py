@@ -352,6 +352,10 @@ def main() -> None:
     llm = load(model)
     report = {
         "model": model.name,
+        # What the tasks are drawn with (`held_out_tasks`).
+        "seeds": args.seeds,
+        "tasks_per_seed": args.tasks,
+        "confusable": args.confusable,
         "parallel": run_form(llm, tasks),
         "sequential": run_form(llm, sequential),
     }
