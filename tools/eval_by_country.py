@@ -17,6 +17,7 @@ Usage: PYTHONPATH=tools .venv/bin/python tools/eval_by_country.py
 import argparse
 import json
 from collections import defaultdict
+from typing import Optional
 
 import capitals_task as task
 import eval_real_model as evaluation
@@ -27,10 +28,10 @@ FORMS = ("parallel", "sequential")
 def check_tasks(tasks: list[task.Task], report: dict) -> None:
     """Raises ValueError unless ``tasks`` are the report's.
 
-    Reports keep no seeds; they do keep, per form, the countries of
-    their first failed tasks (up to three), in order. Tasks of other
-    seeds, or of the same seeds in another order, name other countries
-    there (the sizes alone cycle alike for every seed).
+    A report keeps, per form, the countries of its first failed tasks
+    (up to three), in order: tasks of other seeds, or drawn otherwise,
+    name other countries there (the sizes alone cycle alike for every
+    seed).
     """
     for form in FORMS:
         rows = report[form]["per_task"]
@@ -87,12 +88,17 @@ def by_country(tasks: list[task.Task], report: dict) -> dict[str, dict]:
                 row[f"{form}_right"] += rows[form][i][
                     "conclusion_per_country"][j]
                 # Reports before the count have no cut flag: None.
-                cut = rows[form][i].get("cut_at_token_limit")
-                row[f"{form}_cut"] = (None if cut is None or row[f"{form}_cut"]
-                                      is None else row[f"{form}_cut"] + cut)
+                row[f"{form}_cut"] = _added(
+                    row[f"{form}_cut"],
+                    rows[form][i].get("cut_at_token_limit"))
             row["not_one_child_per_country"] += not rows["parallel"][i][
                 "one_child_per_country"]
     return {country: dict(row) for country, row in counts.items()}
+
+
+def _added(count: Optional[int], more: Optional[int]) -> Optional[int]:
+    """``count + more``, or None if either is unknown."""
+    return None if count is None or more is None else count + more
 
 
 def merged(tables: list[dict[str, dict]]) -> dict[str, dict]:
@@ -102,9 +108,7 @@ def merged(tables: list[dict[str, dict]]) -> dict[str, dict]:
     for table in tables:
         for country, row in table.items():
             for key, value in row.items():
-                so_far = total[country][key]
-                total[country][key] = (None if value is None or so_far is None
-                                       else so_far + value)
+                total[country][key] = _added(total[country][key], value)
     return {country: dict(row) for country, row in total.items()}
 
 
@@ -116,9 +120,8 @@ def countries_each_form_wins(table: dict[str, dict]) -> dict:
     every task that asks about them or in nearly none. The same country
     in different tasks is then not an independent trial, and the paired
     test of `eval_real_model.py`, which counts it once per task,
-    overstates the evidence. Here each
-    country counts once, for the form whose conclusion gives its capital
-    more often.
+    overstates the evidence. Here each country counts once, for the form
+    whose conclusion gives its capital more often.
 
     Args:
         table: Per-country counts, as `by_country` returns them.
