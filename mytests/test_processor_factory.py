@@ -54,11 +54,11 @@ def test_special_kwargs_give_the_hook_processor(parts, hook_ids):
                        seq_id_to_seq_group=registry)
     assert type(processor) is SequenceHookOutputProcessor
     assert isinstance(processor, SingleStepOutputProcessor)
-    # One coordinator: it registers children in the engine's map, and the
-    # scheduler reports to it.
-    coordinator = processor.coordinator
-    assert coordinator.registry is registry
-    assert coordinator.scheduler.coordinator is coordinator
+    # One set of hooks: they register children in the engine's map, and
+    # the scheduler reports to them.
+    hooks = processor.hooks
+    assert hooks.registry is registry
+    assert hooks.scheduler.hooks is hooks
 
 
 def test_hook_processor_needs_the_hook_scheduler(parts, hook_ids):
@@ -75,5 +75,5 @@ def test_engines_pick_their_processor_and_scheduler(plain_llm, hooked_llm):
     hooked = hooked_llm.llm_engine
     assert type(hooked.output_processor) is SequenceHookOutputProcessor
     assert type(hooked.scheduler[0]) is SequenceHookScheduler
-    assert hooked.output_processor.coordinator.registry is (
+    assert hooked.output_processor.hooks.registry is (
         hooked.seq_id_to_seq_group)

@@ -104,15 +104,15 @@ def test_each_sample_has_its_own_tree(hooked_llm, hook_ids):
 
 def test_training_records_hold_what_the_engine_ran(hooked_llm, hook_ids,
                                                    monkeypatch):
-    coordinator = hooked_llm.llm_engine.output_processor.coordinator
-    finished = coordinator.finished
+    hooks = hooked_llm.llm_engine.output_processor.hooks
+    finished = hooks.finished
     ran = {}
 
     def recording_finished(seq_group):
         ran[seq_group.request_id] = seq_group.first_seq.get_token_ids()
         finished(seq_group)
 
-    monkeypatch.setattr(coordinator, "finished", recording_finished)
+    monkeypatch.setattr(hooks, "finished", recording_finished)
     plans = programs(hook_ids)["nested"]
     output = run(hooked_llm,
                  plans,

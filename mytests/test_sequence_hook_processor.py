@@ -53,7 +53,7 @@ def test_promise_spawns_a_child_sharing_the_parents_blocks(harness, hook_ids):
         harness.block_ids(parent))
     # Registered so that aborting request "0" reaches it.
     assert harness.seq_id_to_seq_group[child.request_id].group_id == "0"
-    assert child_node.fork_output_len == parent.first_seq.get_output_len()
+    assert child_node.fork_position == parent.first_seq.get_output_len()
 
     # Both compute only the <promise> token; the shared, partly filled last
     # block is copied on write.

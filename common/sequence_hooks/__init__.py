@@ -2,16 +2,21 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Sequence hooks: `<promise>` spawns a child sequence, `<sync>` joins them.
 
-The engine-neutral part, shared by the V0 fork and the V1 plugin: the
-configuration users give (`SpecialKwargs`) and the tree they get back
+The engine-neutral part, shared by the V0 fork, the V1 plugin and the
+client-side join: the configuration users give (`SpecialKwargs`), the
+lifecycle every engine runs (`lifecycle.PromiseCoordinator` and the
+`lifecycle.EngineAdapter` each engine implements), the tree users get back
 (`PromiseNode`), flattened for training (`training_records`). It imports
 no vLLM module.
 """
 
+from sequence_hooks.lifecycle import (EngineAdapter, PromiseCoordinator,
+                                      child_request_id)
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.training_records import SequenceRecord, training_records
 from sequence_hooks.tree import PromiseNode
 
 __all__ = [
-    "PromiseNode", "SequenceRecord", "SpecialKwargs", "training_records"
+    "EngineAdapter", "PromiseCoordinator", "PromiseNode", "SequenceRecord",
+    "SpecialKwargs", "child_request_id", "training_records"
 ]

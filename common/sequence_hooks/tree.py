@@ -2,18 +2,15 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The promise tree of one request: engine-side record and user snapshot.
 
-Engine-neutral: it imports no vLLM module, so the V0 fork and the V1 plugin
-keep their trees the same way. An engine's coordinator changes a tree only
-through `PromiseTreeState`'s methods; users get `PromiseNode` snapshots,
-which never change once made.
+Engine-neutral: it imports no vLLM module. The lifecycle
+(`sequence_hooks.lifecycle.PromiseCoordinator`) changes a tree only through
+`PromiseTreeState`'s methods, whichever engine runs it; users get
+`PromiseNode` snapshots, which never change once made.
 """
 
-import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
-
-from sequence_hooks.special_kwargs import SpecialKwargs
 
 # Per output token, the logprobs of the sampled token and the top ones
 # (vLLM's `Logprob` objects), as in `CompletionOutput.logprobs`.
@@ -178,15 +175,8 @@ class TreeNode:
     parent: Optional["TreeNode"] = field(default=None, repr=False)
     # Children in promise order.
     children: list["TreeNode"] = field(default_factory=list)
-    # Output tokens the sequence had when it was spawned (its context's part
-    # beyond the prompt); its own tokens come after them.
-    fork_output_len: int = 0
-    # Length of the output text it had when it was spawned.
-    fork_text_len: int = 0
     # Its parent's own tokens in its context (see `PromiseNode`).
     fork_position: Optional[int] = None
-    # Its cumulative logprob when it was spawned (the context's part).
-    fork_cumulative_logprob: float = 0.0
     # The child's own output text, as merged into its parent.
     text: str = ""
     # The child's own output token ids (after its fork point).
@@ -269,27 +259,14 @@ class PromiseTreeState:
     def __post_init__(self) -> None:
         self.nodes[self.root.request_id] = self.root
 
-    def may_spawn(self, node: TreeNode, limits: SpecialKwargs) -> bool:
-        """Whether ``node`` may spawn one more child; counts a refusal."""
-        if (len(node.children) >= limits.max_children_per_sequence
-                or self.num_spawned >= limits.max_children_per_request
-                or node.depth >= limits.max_depth):
-            self.num_refused += 1
-            return False
-        return True
-
-    def add_child(self, node: TreeNode, request_id: str, fork_position: int,
-                  fork_output_len: int, fork_text_len: int,
-                  fork_cumulative_logprob: float) -> TreeNode:
+    def record_child(self, node: TreeNode, request_id: str,
+                     fork_position: int) -> TreeNode:
         """Records a child spawned by ``node``.
 
         Args:
             node: The promising sequence's node.
             request_id: The child's request id.
             fork_position: ``node``'s own tokens in the child's context.
-            fork_output_len: Output tokens of the child's context.
-            fork_text_len: Output text length of the child's context.
-            fork_cumulative_logprob: Cumulative logprob of that context.
 
         Returns:
             The child's node.
@@ -297,10 +274,7 @@ class PromiseTreeState:
         child = TreeNode(request_id,
                          depth=node.depth + 1,
                          parent=node,
-                         fork_output_len=fork_output_len,
-                         fork_text_len=fork_text_len,
-                         fork_position=fork_position,
-                         fork_cumulative_logprob=fork_cumulative_logprob)
+                         fork_position=fork_position)
         node.children.append(child)
         self.nodes[request_id] = child
         self.num_spawned += 1
@@ -328,8 +302,8 @@ class PromiseTreeState:
         """
         node.finish_reason = finish_reason
         node.token_ids = token_ids
-        # A stop string inside merged text (V1 checks it there) ends the
-        # tokens within their last merge: the spans end with them.
+        # A stop string inside merged text (V1's frontend checks it there)
+        # ends the tokens within their last merge: the spans end with them.
         node.merged_spans = [(start, min(count,
                                          len(token_ids) - start))
                              for start, count in node.merged_spans
@@ -370,36 +344,3 @@ class PromiseTreeState:
         if self._snapshot is None:
             self._snapshot = self.root.snapshot()
         return self._snapshot
-
-
-def merged_text(children: list[TreeNode], separator: str) -> str:
-    """The text a merge appends: the children's texts in promise order."""
-    return separator.join(child.text for child in children)
-
-
-def without_hook_tokens(text: str, hook_token_strings: list[str]) -> str:
-    """``text`` with every hook token's string removed.
-
-    Hook tokens show in a detokenized text when they are not special tokens
-    of the tokenizer, or special tokens are not skipped.
-    """
-    for token in hook_token_strings:
-        text = text.replace(token, "")
-    return text
-
-
-def derive_seed(seed: int, purpose: str) -> int:
-    """A deterministic seed for a child or a resume of a seeded sequence.
-
-    A prefill re-creates a seeded sequence's generator from its seed, so each
-    child and each resume gets its own seed, derived from its parent's.
-
-    Args:
-        seed: The parent's seed.
-        purpose: What the seed is for, e.g. "child-0" or "resume-1".
-
-    Returns:
-        A non-negative 63-bit seed.
-    """
-    digest = hashlib.blake2b(f"{seed}:{purpose}".encode(), digest_size=8)
-    return int.from_bytes(digest.digest(), "little") >> 1

@@ -13,17 +13,15 @@ finished, their texts are merged as the hooks merge them and one
 continuation request goes out over the context, the `<sync>` and the
 merged tokens. Children promise and sync the same way, recursively.
 
-It mirrors the hooks' contract (docs/sequence-hooks.md): the same limits
-(a refused `<promise>` stays an ordinary token), budgets (a child's
-`max_tokens` counts its own tokens; merged tokens count toward the
-parent's; a merge is cut to leave room for one sampled token within
-`max_tokens` and the model length), finishing (a hook token that is the
-last allowed token finishes the sequence with "length"; a sequence that
-finishes aborts its unfinished descendants; a `<sync>` with no unmerged
-child is an ordinary token) and texts (the engine's incremental
-detokenization, hook tokens removed from a child's merged text). It keeps
-its tree in the engine-neutral `PromiseTreeState`, so its result has the
-hooked engine's `PromiseNode` shape.
+It runs the hooks' own lifecycle (`sequence_hooks.lifecycle`): every
+decision (limits, child ids, budgets, merges and their cut, the abort
+cascade, texts without hook tokens) is the `PromiseCoordinator`'s that
+the hooked engines use; a `JoinTask` is its `EngineAdapter`, whose
+mechanics are requests: a fork sends the child's context as a prompt, a
+park waits, a resume sends a continuation. What stays the client's:
+finishing (a hook token that is the last allowed token finishes the
+sequence with "length", as the engine's stop check runs first) and the
+engine's incremental detokenization of each sequence's text.
 
 The join logic is transport-neutral: a transport sends a request and
 calls back with its new tokens. `EngineTransport` drives an in-process
@@ -43,9 +41,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
+from sequence_hooks.lifecycle import (ChildSpec, MemberResult,
+                                      PromiseCoordinator, RequestParams,
+                                      Resume, decode_own, encode_merge)
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.tree import (PromiseNode, PromiseTreeState, TreeNode,
-                                 merged_text, without_hook_tokens)
+from sequence_hooks.tree import PromiseNode, PromiseTreeState, TreeNode
 
 # A sequence's place in its tree: () for the request's own sequence, (1,)
 # for the child of its second promise, (1, 0) for that child's first child.
@@ -134,8 +134,8 @@ class IncrementalText:
 @dataclass(eq=False)
 class JoinSequence:
     """The client's state of one sequence of a join's tree."""
-    # Its node in the tree.
-    node: TreeNode
+    # Its member id in the tree (`sequence_hooks.child_request_id`).
+    member_id: str
     # Its role path.
     role: RolePath
     # Its context and own tokens so far, with their text.
@@ -146,6 +146,8 @@ class JoinSequence:
     fork_text_len: int
     # Own tokens it sampled (merged tokens and the role marker excluded).
     sampled: int = 0
+    # Children it spawned.
+    num_children: int = 0
     # The id of its request in flight; None while parked or finished.
     request_id: Optional[str] = None
     # Waiting at a `<sync>` for its unmerged children.
@@ -165,7 +167,8 @@ class JoinResult:
     text: str
     # "stop" or "length".
     finish_reason: str
-    # The tree, as the hooked engine's `RequestOutput.promise_tree`.
+    # The tree, as the hooked engine's `RequestOutput.promise_tree` (a
+    # childless root if it never promised).
     promise_tree: PromiseNode
     # Requests sent.
     requests: int
@@ -174,7 +177,9 @@ class JoinResult:
 
 
 class JoinTask:
-    """Runs one request's promise/sync tree from the client.
+    """Runs one request's promise/sync tree from the client: the engine
+    mechanics of `sequence_hooks.lifecycle` done with requests (its
+    `EngineAdapter`), every decision left to its `PromiseCoordinator`.
 
     Args:
         task_id: Unique id; request ids derive from it.
@@ -208,12 +213,12 @@ class JoinTask:
         self.transport = transport
         self.options = options or (lambda role, sampled: {})
         self.on_done = on_done
-        self.hook_strings = tokenizer.convert_ids_to_tokens(
-            sorted(hooks.hook_token_ids))
-        self.tree = PromiseTreeState(root=TreeNode(task_id))
+        self.coordinator = PromiseCoordinator(
+            hooks, self, max_model_len,
+            tokenizer.convert_ids_to_tokens(sorted(hooks.hook_token_ids)))
         self.sequences = {
             task_id:
-            JoinSequence(self.tree.root, (),
+            JoinSequence(task_id, (),
                          IncrementalText(tokenizer, self.prompt_ids),
                          len(self.prompt_ids), 0)
         }
@@ -249,29 +254,30 @@ class JoinTask:
     def _fail(self, error: BaseException) -> None:
         if self.error is None and self.result is None:
             self.error = error
-            self._cancel_all()
+            self.abort([
+                member_id for member_id, seq in self.sequences.items()
+                if seq.request_id is not None
+            ])
             if self.on_done is not None:
                 self.on_done(self)
 
-    def _cancel_all(self) -> None:
-        for seq in self.sequences.values():
-            if seq.request_id is not None:
-                self.transport.cancel(seq.request_id)
-                seq.request_id = None
-
-    # What the engine sampled.
+    # What the engine sampled: the coordinator's events.
 
     def _on_output(self, seq: JoinSequence, request_id: str,
                    token_ids: list[int], finish_reason: Optional[str]) -> None:
         if seq.request_id != request_id:
             # Cancelled (its sequence was aborted); late tokens are void.
             return
+        member_id = seq.member_id
         for i, token_id in enumerate(token_ids):
             seq.text.append(token_id)
             seq.sampled += 1
             last = finish_reason is not None and i == len(token_ids) - 1
             if token_id == self.hooks.promise_token_id and not last:
-                self._promise(seq)
+                self.coordinator.promise(
+                    member_id, len(seq.text.ids),
+                    RequestParams(prompt_len=len(self.prompt_ids),
+                                  max_tokens=self.max_tokens))
         if finish_reason is None:
             return
         seq.request_id = None
@@ -282,90 +288,82 @@ class JoinTask:
                     or len(seq.text.ids) >= self.max_model_len):
                 # The hooks' stop check runs first: a `<sync>` that is the
                 # last allowed token ends the sequence.
-                self._finish(seq, "length")
-            else:
-                self._sync(seq)
+                self._finish(seq, member_id, "length")
+            elif not self.coordinator.sync(member_id, len(seq.text.ids)):
+                # An ordinary `<sync>`: the sequence goes on.
+                self._send(seq)
             return
-        self._finish(seq, finish_reason)
+        self._finish(seq, member_id, finish_reason)
 
-    def _promise(self, seq: JoinSequence) -> None:
-        """Spawns a child of ``seq``, unless a limit says no."""
-        if not self.tree.may_spawn(seq.node, self.hooks):
-            return
-        child_id = f"{self.task_id}/promise-{self.tree.num_spawned}"
-        text = seq.text.copy()
-        fork_position = len(seq.own_ids)
-        if self.hooks.child_role_token_id is not None:
-            text.append(self.hooks.child_role_token_id)
-        node = self.tree.add_child(seq.node, child_id, fork_position, 0, 0,
-                                   0.0)
-        child = JoinSequence(node, seq.role + (len(seq.node.children) - 1, ),
-                             text, len(text.ids), len(text.text))
-        self.sequences[child_id] = child
-        self._send(child)
-
-    def _sync(self, seq: JoinSequence) -> None:
-        pending = seq.node.unmerged_children()
-        if all(child.is_finished for child in pending):
-            self._merge_and_resume(seq)
+    def _finish(self, seq: JoinSequence, member_id: str, reason: str) -> None:
+        if self.coordinator.is_member(member_id):
+            self.coordinator.finished(
+                member_id, reason,
+                MemberResult(seq.own_ids, seq.text.text[seq.fork_text_len:]))
         else:
-            seq.parked = True
+            # A request that never promised: a childless tree.
+            self._done(
+                PromiseNode(member_id, 0, (), seq.text.text,
+                            tuple(seq.own_ids), reason, 0))
 
-    def _merge_and_resume(self, seq: JoinSequence) -> None:
-        """Merges ``seq``'s unmerged children (if any) as the hooks do, and
-        sends its continuation."""
-        children = self.tree.take_unmerged(seq.node)
-        if children:
-            text = merged_text(children, self.hooks.merge_separator)
-            token_ids = self.tokenizer.encode(text,
-                                              add_special_tokens=False,
-                                              split_special_tokens=True)
-            room = min(self.max_model_len - len(seq.text.ids) - 1,
-                       self.max_tokens - len(seq.own_ids) - 1)
-            token_ids = token_ids[:max(room, 0)]
-            self.tree.record_merged_tokens(seq.node, len(seq.own_ids),
-                                           len(token_ids))
-            for token_id in token_ids:
-                seq.text.append(token_id)
-        seq.parked = False
+    def _done(self, tree: PromiseNode) -> None:
+        root = self.sequences[self.task_id]
+        self.result = JoinResult(root.own_ids, root.text.text,
+                                 tree.finish_reason, tree, self.requests,
+                                 self.prompt_tokens)
+        if self.on_done is not None:
+            self.on_done(self)
+
+    # The coordinator's actions (`sequence_hooks.lifecycle.EngineAdapter`).
+
+    def new_tree(self, root_id: str) -> PromiseTreeState:
+        return PromiseTreeState(root=TreeNode(root_id))
+
+    def fork(self, child: ChildSpec) -> None:
+        # Seeds go through unchanged (a client cannot reproduce the hooks'
+        # random streams), budgets are the request's (`_send`).
+        parent = self.sequences[child.parent_id]
+        text = parent.text.copy()
+        for token_id in child.context_tokens:
+            text.append(token_id)
+        seq = JoinSequence(child.request_id,
+                           parent.role + (parent.num_children, ), text,
+                           len(text.ids), len(text.text))
+        parent.num_children += 1
+        self.sequences[child.request_id] = seq
         self._send(seq)
 
-    def _finish(self, seq: JoinSequence, reason: str) -> None:
-        """Records a finished sequence, aborts its unfinished descendants
-        and wakes its parked parent."""
-        self._abort_descendants(seq.node)
-        own_text = seq.text.text[seq.fork_text_len:]
-        self.tree.record_finish(
-            seq.node, reason, seq.own_ids,
-            without_hook_tokens(own_text, self.hook_strings))
-        parent_node = seq.node.parent
-        if parent_node is None:
-            self._done(seq)
-            return
-        parent = self.sequences[parent_node.request_id]
-        if parent.parked and all(child.is_finished
-                                 for child in parent_node.unmerged_children()):
-            self._merge_and_resume(parent)
+    def park(self, member_id: str) -> None:
+        self.sequences[member_id].parked = True
 
-    def _abort_descendants(self, node: TreeNode) -> None:
-        for child in node.children:
-            if child.is_finished:
-                continue
-            self._abort_descendants(child)
-            seq = self.sequences[child.request_id]
+    def resume(self, member_id: str, resume: Resume) -> bool:
+        seq = self.sequences[member_id]
+        for token_id in resume.token_ids:
+            seq.text.append(token_id)
+        seq.parked = False
+        self._send(seq)
+        return False
+
+    def abort(self, member_ids: list[str]) -> None:
+        for member_id in member_ids:
+            seq = self.sequences[member_id]
             if seq.request_id is not None:
                 self.transport.cancel(seq.request_id)
                 seq.request_id = None
             seq.parked = False
-            self.tree.record_abort(child)
 
-    def _done(self, root: JoinSequence) -> None:
-        self.result = JoinResult(root.own_ids,
-                                 root.text.text, root.node.finish_reason,
-                                 self.tree.snapshot(), self.requests,
-                                 self.prompt_tokens)
-        if self.on_done is not None:
-            self.on_done(self)
+    def engine_finished(self, member_id: str) -> bool:
+        # Every finish reaches the join as it happens.
+        return False
+
+    def encode(self, member_id: str, text: str) -> list[int]:
+        return encode_merge(self.tokenizer, text)
+
+    def decode(self, member_id: str, token_ids: list[int]) -> str:
+        return decode_own(self.tokenizer, token_ids)
+
+    def report_tree(self, root_id: str, tree: PromiseTreeState) -> None:
+        self._done(tree.snapshot())
 
 
 class EngineTransport:

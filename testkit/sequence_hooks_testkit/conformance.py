@@ -156,6 +156,27 @@ def check_promise_storm(flavour: Flavour, hooked_llm, ids) -> None:
     flavour.assert_engine_clean(hooked_llm)
 
 
+def check_child_stop_string_cuts_its_text(flavour: Flavour, hooked_llm,
+                                          ids) -> None:
+    """A child honours its request's stop strings, as V0's stop checker
+    has it: it ends with "stop", its text cut before the stop string, and
+    its parent merges the cut text."""
+    plans = programs(ids)["one promise"]
+    [full] = run_hooked(flavour, hooked_llm, ids, PROMPTS[:1], [plans])
+    [child] = flavour.promise_tree(full).children
+    # A word of the child's that its parent does not write itself.
+    stop = next(" " + word for word in child.text.split()[1:] if " " +
+                word not in full.outputs[0].text.replace(child.text, ""))
+    params = flavour.scripted_params(plans, ids)
+    params.stop = [stop]
+    [output] = hooked_llm.generate(PROMPTS[:1], params, use_tqdm=False)
+    [stopped] = flavour.promise_tree(output).children
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == child.text[:child.text.index(stop)]
+    assert stopped.text in output.outputs[0].text
+    flavour.assert_engine_clean(hooked_llm)
+
+
 def sampled_logprobs(token_ids, logprobs) -> list:
     """Per token, the sampled token's logprob (None where no entry)."""
     return [
@@ -462,6 +483,11 @@ class FlavourConformance:
         refused = hook_metric(hooked_llm, "promises_refused_total")
         check_promise_storm(self.flavour, hooked_llm, hook_ids)
         assert hook_metric(hooked_llm, "promises_refused_total") > refused
+
+    def test_a_child_stops_at_its_requests_stop_string(self, hooked_llm,
+                                                       hook_ids):
+        check_child_stop_string_cuts_its_text(self.flavour, hooked_llm,
+                                              hook_ids)
 
     def test_metrics_count_what_the_hooks_did(self, hooked_llm, hook_ids):
         check_metrics(self.flavour, hooked_llm, hook_ids)

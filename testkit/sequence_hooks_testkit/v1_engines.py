@@ -104,9 +104,11 @@ def assert_engine_clean(llm):
     pool = scheduler.kv_cache_manager.block_pool
     assert not llm.llm_engine.has_unfinished_requests()
     assert scheduler.requests == {}
-    assert scheduler.trees == {} and scheduler.members == {}
-    assert scheduler.pending_forks == {}
-    assert scheduler.samples == {} and scheduler.stop_checks == {}
+    assert scheduler.coordinator.num_members() == 0
+    assert scheduler.pending_forks == {} and scheduler.evicted == set()
+    assert scheduler.child_logprobs == {}
+    assert len(scheduler.sample_trees) == 0
+    assert len(scheduler.stop_strings) == 0
     assert scheduler.num_waiting_for_streaming_input == 0
     # Every block but the pool's reserved null block is free.
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1

@@ -115,19 +115,20 @@ def test_parked_parents_are_evicted_and_recompute_at_resume(
     # (request id, tokens of its next chunk, computed_log length) of each
     # resume of an evicted parent.
     resumes = []
-    merge = scheduler._merge
+    resume = scheduler.resume
 
-    def recorded_merge(request, *args, **kwargs):
-        evicted = request.request_id in scheduler.evicted
+    def recorded_resume(member_id, *args, **kwargs):
+        request = scheduler.requests[member_id]
+        evicted = member_id in scheduler.evicted
         num_computed = request.num_computed_tokens
-        merge(request, *args, **kwargs)
+        resume(member_id, *args, **kwargs)
         if evicted:
             assert request.num_computed_tokens == 0
             resumes.append(
                 (request.request_id, request.num_tokens - num_computed,
                  len(scheduler.computed_log)))
 
-    monkeypatch.setattr(scheduler, "_merge", recorded_merge)
+    monkeypatch.setattr(scheduler, "resume", recorded_resume)
     try:
         assert run_trees(tighter_llm, hook_ids, monkeypatch) == roomy_results
         computed_log = scheduler.computed_log
@@ -177,7 +178,7 @@ def run_seeded_parents(llm, hook_ids, names,
     engine = llm.llm_engine
     scheduler = scheduler_of(llm)
     evicted = set()
-    evict = scheduler._evict
+    evict = scheduler.evict
 
     def recorded_evict(request):
         evicted.add(request.request_id.rsplit("-", 1)[0])
@@ -190,7 +191,7 @@ def run_seeded_parents(llm, hook_ids, names,
                            params)
     results = {}
     with monkeypatch.context() as patch:
-        patch.setattr(scheduler, "_evict", recorded_evict)
+        patch.setattr(scheduler, "evict", recorded_evict)
         while engine.has_unfinished_requests():
             results.update({
                 out.request_id:

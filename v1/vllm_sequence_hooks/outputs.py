@@ -18,7 +18,7 @@ sample's tree is found by its `CompletionOutput.index`.
 
 from typing import Optional
 
-from vllm_sequence_hooks.scheduler import SAMPLE_TREES_KEY, TREE_KEY
+from vllm_sequence_hooks.transport import SAMPLE_TREES_KEY, TREE_KEY
 
 from sequence_hooks import PromiseNode
 from vllm import CompletionOutput, RequestOutput

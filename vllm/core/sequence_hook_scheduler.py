@@ -3,17 +3,37 @@
 """A V0 scheduler that can park sequence groups while their children run."""
 
 from collections import deque
-from typing import (TYPE_CHECKING, Dict, Iterable, List, Optional, Set, Tuple,
-                    Union)
+from typing import Dict, Iterable, List, Optional, Protocol, Set, Tuple, Union
 
+from sequence_hooks.special_kwargs import SpecialKwargs
 from vllm.core.interfaces import AllocStatus
 from vllm.core.scheduler import Scheduler, SchedulerOutputs
 from vllm.sequence import (Sequence, SequenceGroup, SequenceGroupBase,
                            SequenceGroupMetadata, SequenceStage,
                            SequenceStatus)
 
-if TYPE_CHECKING:
-    from vllm.engine.promise_tree import PromiseTreeCoordinator
+
+class SchedulerHooks(Protocol):
+    """What the scheduler reports to, and asks of, the engine's hooks
+    (`vllm.engine.promise_tree.V0PromiseAdapter`)."""
+
+    special_kwargs: SpecialKwargs
+
+    def step_scheduled(self, outputs: SchedulerOutputs) -> None:
+        """What the scheduler handed out (and ignored) this step."""
+        ...
+
+    def aborted(self, seq_group: SequenceGroup) -> None:
+        """A group of a promise tree that an abort finished."""
+        ...
+
+    def on_critical_path(self, seq_group: SequenceGroup) -> bool:
+        """Whether a group is work a parked tree waits for."""
+        ...
+
+    def record_kv_usage(self, fraction: float) -> None:
+        """The fraction of KV blocks in use, parked ones included."""
+        ...
 
 
 class SequenceHookScheduler(Scheduler):
@@ -39,9 +59,9 @@ class SequenceHookScheduler(Scheduler):
     running groups preempted, within a bound on how long a new request may
     be passed over.
 
-    It reports to the engine's `PromiseTreeCoordinator` what it scheduled,
-    ignored and aborted, and asks it which groups are on a critical path;
-    the coordinator drives it through `add_child`, `prefill_tail`, `block`,
+    It reports to the engine's hooks (`SchedulerHooks`) what it scheduled,
+    ignored and aborted, and asks them which groups are on a critical path;
+    the hooks drive it through `admit_child`, `prefill_tail`, `block`,
     `unblock` and `abort_seq_group`.
     """
 
@@ -53,24 +73,23 @@ class SequenceHookScheduler(Scheduler):
         self._evicted: Set[str] = set()
         # Sequences whose uncomputed tail the next step prefills.
         self._tails_to_prefill: List[Sequence] = []
-        # The engine's coordinator of promise trees, once attached.
-        self.coordinator: Optional[PromiseTreeCoordinator] = None
+        # The engine's hooks, once attached.
+        self.hooks: Optional[SchedulerHooks] = None
         # Steps each queued group (by request id) has been passed over by
         # critical-path work; only groups still queued, and only once
         # passed over.
         self.steps_passed_over: Dict[str, int] = {}
 
-    def attach_coordinator(self,
-                           coordinator: "PromiseTreeCoordinator") -> None:
-        """Sets the coordinator this scheduler reports to.
+    def attach_hooks(self, hooks: SchedulerHooks) -> None:
+        """Sets the hooks this scheduler reports to.
 
         Args:
-            coordinator: The engine's one `PromiseTreeCoordinator`.
+            hooks: The engine's one set of hooks.
         """
-        self.coordinator = coordinator
+        self.hooks = hooks
 
-    def add_child(self, parent_seq: Sequence,
-                  child_group: SequenceGroup) -> None:
+    def admit_child(self, parent_seq: Sequence,
+                    child_group: SequenceGroup) -> None:
         """Starts a child that shares ``parent_seq``'s KV blocks.
 
         A child joins the running queue directly, so it must not push it
@@ -141,13 +160,13 @@ class SequenceHookScheduler(Scheduler):
                 # (SequenceData.update_num_computed_tokens).
                 seq.data._stage = SequenceStage.PREFILL
         self._tails_to_prefill.clear()
-        if (self.coordinator is not None
-                and self.coordinator.special_kwargs.critical_path_first):
+        if (self.hooks is not None
+                and self.hooks.special_kwargs.critical_path_first):
             self._order_queues()
         self._evict_parked_for_waiting()
         metadata, outputs, allow_async = super().schedule()
-        if self.coordinator is not None:
-            self.coordinator.step_scheduled(outputs)
+        if self.hooks is not None:
+            self.hooks.step_scheduled(outputs)
         self._report_kv_usage()
         return metadata, outputs, allow_async
 
@@ -164,7 +183,7 @@ class SequenceHookScheduler(Scheduler):
         it ranks with critical-path work, by arrival time, so only the trees
         of requests that arrived before it still go first.
         """
-        assert self.coordinator is not None
+        assert self.hooks is not None
         queued = [*self.waiting, *self.running, *self.swapped]
         if not self.steps_passed_over and all(
                 seq_group.first_seq.promise_tree is None
@@ -177,7 +196,7 @@ class SequenceHookScheduler(Scheduler):
             for request_id, steps in self.steps_passed_over.items()
             if request_id in live
         }
-        bound = self.coordinator.special_kwargs.max_steps_passed_over
+        bound = self.hooks.special_kwargs.max_steps_passed_over
         self.running = deque(
             seq_group for _, seq_group in self._sorted(self.running, bound))
         ordered = self._sorted(self.waiting, bound)
@@ -203,10 +222,10 @@ class SequenceHookScheduler(Scheduler):
             queue: A queue in its stock order.
             bound: Steps passed over that make a group overdue.
         """
-        assert self.coordinator is not None
+        assert self.hooks is not None
         entries = []
         for seq_group in queue:
-            if self.coordinator.on_critical_path(seq_group):
+            if self.hooks.on_critical_path(seq_group):
                 rank = self.CRITICAL
             elif self.steps_passed_over.get(seq_group.request_id, 0) >= bound:
                 rank = self.OVERDUE
@@ -233,10 +252,10 @@ class SequenceHookScheduler(Scheduler):
         self._report_kv_usage()
 
     def _report_kv_usage(self) -> None:
-        if self.coordinator is not None:
+        if self.hooks is not None:
             total = self.block_manager.num_total_gpu_blocks
             free = self.block_manager.get_num_free_gpu_blocks()
-            self.coordinator.record_kv_usage(1.0 - free / total)
+            self.hooks.record_kv_usage(1.0 - free / total)
 
     def _evict_parked_for_waiting(self) -> None:
         """Frees parked groups' blocks that the first waiting group needs.
@@ -315,11 +334,11 @@ class SequenceHookScheduler(Scheduler):
             if seq_group.first_seq.promise_tree is not None
         ]
         super().abort_seq_group(request_ids, seq_id_to_seq_group)
-        if self.coordinator is not None:
+        if self.hooks is not None:
             for seq_group in tree_groups:
                 if seq_group.first_seq.status == (
                         SequenceStatus.FINISHED_ABORTED):
-                    self.coordinator.aborted(seq_group)
+                    self.hooks.aborted(seq_group)
         self._report_kv_usage()
 
     def get_num_unfinished_seq_groups(self) -> int:

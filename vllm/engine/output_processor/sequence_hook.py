@@ -11,7 +11,7 @@ from vllm.core.scheduler import Scheduler
 from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
 from vllm.engine.output_processor.single_step import SingleStepOutputProcessor
 from vllm.engine.output_processor.stop_checker import StopChecker
-from vllm.engine.promise_tree import PromiseTreeCoordinator
+from vllm.engine.promise_tree import V0PromiseAdapter
 from vllm.sequence import SequenceGroup, SequenceGroupBase, SequenceGroupOutput
 from vllm.transformers_utils.detokenizer import Detokenizer
 from vllm.utils import Counter
@@ -21,8 +21,9 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
     """Single-step output processor that runs sequence hooks.
 
     Each sampled token first goes through the stock processing (append,
-    detokenize, stop check). Then the token is dispatched to the engine's
-    `PromiseTreeCoordinator`, which owns what follows:
+    detokenize, stop check). Then the group goes to the engine's
+    `V0PromiseAdapter`, whose engine-neutral `PromiseCoordinator`
+    (`sequence_hooks.lifecycle`) decides what follows:
 
     - `<promise>` spawns a child sequence group whose sequence is a fork of
       this one: same context, same KV blocks (copy-on-write), so nothing is
@@ -52,13 +53,12 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
         if detokenizer is None:
             raise ValueError("sequence hooks need the tokenizer to merge "
                              "children's texts (skip_tokenizer_init=False)")
-        self.promise_token_id = special_kwargs.promise_token_id
-        self.sync_token_id = special_kwargs.sync_token_id
-        self.coordinator = PromiseTreeCoordinator(
-            special_kwargs, scheduler_config.max_model_len, scheduler[0],
-            detokenizer, seq_counter, seq_id_to_seq_group,
-            SequenceHookMetrics(served_model_name))
-        scheduler[0].attach_coordinator(self.coordinator)
+        self.hooks = V0PromiseAdapter(special_kwargs,
+                                      scheduler_config.max_model_len,
+                                      scheduler[0], detokenizer, seq_counter,
+                                      seq_id_to_seq_group,
+                                      SequenceHookMetrics(served_model_name))
+        scheduler[0].attach_hooks(self.hooks)
 
     def process_outputs(self, sequence_group: SequenceGroup,
                         outputs: List[SequenceGroupOutput],
@@ -71,13 +71,4 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
             is_async: Must be False: hooks need async output processing off.
         """
         super().process_outputs(sequence_group, outputs, is_async)
-        seq = sequence_group.first_seq
-        if seq.is_finished():
-            if sequence_group.first_seq.promise_tree is not None:
-                self.coordinator.finished(sequence_group)
-            return
-        token_id = seq.get_last_token_id()
-        if token_id == self.promise_token_id:
-            self.coordinator.promise(sequence_group)
-        elif token_id == self.sync_token_id:
-            self.coordinator.sync(sequence_group)
+        self.hooks.processed(sequence_group)

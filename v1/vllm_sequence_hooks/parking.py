@@ -1,0 +1,170 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""KV cache mechanics of the V1 hooks: a child's fork, a parent's park and
+its eviction under pressure.
+
+- A new child's prefix-cache lookup is answered with its parent's blocks:
+  full blocks are shared by reference count, the partly filled last block
+  is copied (upstream's copy-on-write for partial prefix hits), so the
+  child computes only what follows its parent's computed context.
+- A parked parent is a streaming-input session between chunks: out of the
+  running queue, its blocks and model-runner state kept, never scheduled,
+  and not counted against `max_num_seqs` (it holds no row of the batch).
+- With nothing running, parked parents that hold the blocks the next
+  request needs are evicted (blocks freed, the resume recomputes less what
+  the prefix cache gives back), so a full cache never deadlocks.
+"""
+
+from typing import Optional
+
+from sequence_hooks.lifecycle import PromiseCoordinator
+from vllm.utils.math_utils import cdiv
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+
+class ParkingScheduler(Scheduler):
+    """The stock V1 scheduler plus the hooks' KV mechanics (a mixin of
+    `SequenceHookScheduler`, which sets `coordinator`)."""
+
+    coordinator: PromiseCoordinator
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Children not yet admitted: their parent and the parent's tokens
+        # computed at the fork, which are their prefix hit.
+        self.pending_forks: dict[str, tuple[str, int]] = {}
+        # Parked parents whose KV blocks were freed under pressure: they
+        # recompute their context when they resume.
+        self.evicted: set[str] = set()
+
+    def schedule(self, *args, **kwargs):
+        """Schedules as upstream, parked parents not counted as running.
+
+        Upstream counts parked streaming sessions against `max_num_seqs`;
+        a parked parent holds no row of the model runner's batch (it drops
+        unscheduled requests from it), and counting it could leave its own
+        children waiting forever once parents fill the limit.
+        """
+        self._evict_parked_parents_if_stalled()
+        parked = self.coordinator.num_parked()
+        self.num_waiting_for_streaming_input -= parked
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            self.num_waiting_for_streaming_input += parked
+
+    def park(self, request: Request) -> None:
+        """Parks a running request as a streaming session between chunks."""
+        self.running.remove(request)
+        request.status = RequestStatus.WAITING_FOR_STREAMING_REQ
+        self.num_waiting_for_streaming_input += 1
+        self._enqueue_waiting_request(request)
+
+    def queue_fork(self, child: Request, parent: Request) -> None:
+        """Queues a new child ahead of new requests (it continues work
+        already admitted); its prefix hit is ``parent``'s computed
+        context."""
+        self.pending_forks[child.request_id] = (parent.request_id,
+                                                parent.num_computed_tokens)
+        self.requests[child.request_id] = child
+        self.waiting.prepend_request(child)
+
+    def requeue_evicted(self, request: Request) -> None:
+        """A resumed parent that was evicted has no KV left: its resume is
+        a new prefill of the whole context, with a prefix-cache lookup,
+        queued as one."""
+        self.evicted.discard(request.request_id)
+        request.num_computed_tokens = 0
+        self.kv_holding_waiting.remove_request(request)
+        self.waiting.prepend_request(request)
+
+    def forget_kv_state(self, request_id: str) -> None:
+        """Drops a finished or aborted member's KV bookkeeping."""
+        self.pending_forks.pop(request_id, None)
+        self.evicted.discard(request_id)
+
+    def _evict_parked_parents_if_stalled(self) -> None:
+        """Frees parked parents' blocks while they alone block the queue.
+
+        With nothing running, the next request to admit waits only for
+        blocks; if parked parents hold them, nothing frees them (their
+        children are the ones waiting), so the newest parked parents are
+        evicted until it fits, as V0 does. A parent its request descends
+        from goes last: its blocks are that request's prefix hit.
+        """
+        if self.running:
+            return
+        admissible = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        candidate = next(
+            (request for queue in (self.kv_holding_waiting, self.waiting)
+             for request in queue if request.status in admissible), None)
+        if candidate is None:
+            return
+        ancestors = set(self.coordinator.ancestors(candidate.request_id))
+        parked = [
+            (since, request_id)
+            for request_id, since in self.coordinator.parked_members().items()
+            if request_id not in self.evicted
+        ]
+        parked.sort(key=lambda since_and_id:
+                    (since_and_id[1] in ancestors, -since_and_id[0]))
+        pool = self.kv_cache_manager.block_pool
+        for _, request_id in parked:
+            if pool.get_num_free_blocks() >= self._blocks_to_admit(candidate):
+                return
+            self.evict(self.requests[request_id])
+
+    def evict(self, request: Request) -> None:
+        """Frees a parked parent's KV blocks; its tokens stay, and its
+        resume recomputes them (less what the prefix cache gives back)."""
+        self.kv_cache_manager.free(request)
+        self.evicted.add(request.request_id)
+
+    def _blocks_to_admit(self, request: Request) -> int:
+        """New blocks a waiting request needs for its next token: less
+        those it holds (a resumed parent), or the full blocks it shares
+        with a parent still holding them (a new child)."""
+        needed = cdiv(request.num_tokens + 1, self.block_size)
+        if self._has_blocks(request):
+            return needed - cdiv(request.num_computed_tokens, self.block_size)
+        parent = self._forked_from(request.request_id)
+        if parent is not None:
+            parent, num_shared = parent
+            needed -= min(num_shared,
+                          parent.num_computed_tokens) // self.block_size
+        return needed
+
+    def _forked_from(self, request_id: str) -> Optional[tuple[Request, int]]:
+        """A pending child's parent, if it still holds its blocks, and the
+        tokens the child shares with it."""
+        fork = self.pending_forks.get(request_id)
+        if fork is None:
+            return None
+        parent = self.requests.get(fork[0])
+        if parent is None or not self._has_blocks(parent):
+            return None
+        return parent, fork[1]
+
+    def _has_blocks(self, request: Request) -> bool:
+        """Holds KV blocks: an evicted parked parent keeps its computed
+        count (its resume cuts its tokens there) but holds none."""
+        return (self._holds_kv_blocks(request)
+                and request.request_id not in self.evicted)
+
+    def _get_local_prefix_cache_hit(self, request: Request):
+        """A new child's hit is its parent's computed context."""
+        if request.request_id not in self.pending_forks:
+            return super()._get_local_prefix_cache_hit(request)
+        fork = self._forked_from(request.request_id)
+        del self.pending_forks[request.request_id]
+        if fork is None:
+            # The parent lost its blocks (preempted): compute everything.
+            return self.kv_cache_manager.empty_kv_cache_blocks, 0, 0, False
+        parent, num_shared = fork
+        shared = min(num_shared, parent.num_computed_tokens)
+        blocks = self.kv_cache_manager.get_blocks(parent.request_id).blocks
+        num_blocks = cdiv(shared, self.block_size)
+        hit = self.kv_cache_manager.create_kv_cache_blocks(
+            tuple(list(group[:num_blocks]) for group in blocks))
+        return hit, shared, 0, False

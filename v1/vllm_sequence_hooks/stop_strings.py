@@ -1,0 +1,104 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Stop strings checked in the engine core, where V1 checks none.
+
+V1 checks stop strings in the frontend, on the outputs it receives. Two
+kinds of hooked request need the check in the engine core instead:
+- children, whose outputs never reach the frontend: a child honours its
+  request's stop strings and ends with "stop", its text cut as V0 cuts it;
+- roots whose outputs carry trees: the frontend would find the stop and
+  then abort the request in the engine core, so no output would carry the
+  tree; found here, the stop ends the request in the same output.
+
+Each check is the frontend's own `IncrementalDetokenizer`, fed the same
+tokens the frontend would see; `frontend_text` gives a finished member's
+text the same way (as V0's incremental detokenization does), so texts, and
+the merges made of them, are the same on both engines.
+"""
+
+from types import SimpleNamespace
+from typing import Optional
+
+from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+from vllm.v1.request import Request
+
+
+def frontend_text(tokenizer, request: Request, start: int) -> str:
+    """The text the frontend would show for a request's tokens after
+    ``start`` of its `all_token_ids`, detokenized in their context.
+
+    Args:
+        tokenizer: The model's tokenizer.
+        request: The request.
+        start: Where its own tokens start.
+    """
+    params = request.sampling_params.clone()
+    # The text of the tokens as they are: any stop was found already.
+    params.stop = None
+    tokens = request.all_token_ids
+    detokenizer = IncrementalDetokenizer.from_new_request(
+        tokenizer,
+        SimpleNamespace(request_id=request.request_id,
+                        prompt_token_ids=list(tokens[:start]),
+                        prompt_embeds=None,
+                        sampling_params=params))
+    detokenizer.update(list(tokens[start:]), False)
+    return detokenizer.output_text
+
+
+class StopStringChecks:
+    """Per watched request, the frontend's stop-string check.
+
+    Args:
+        tokenizer: The model's tokenizer.
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._checks: dict[str, IncrementalDetokenizer] = {}
+        # Tokens of each watched request's `all_token_ids` fed so far.
+        self._fed: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._checks)
+
+    def is_watched(self, request_id: str) -> bool:
+        return request_id in self._checks
+
+    def watch(self, request: Request, start: int, num_unfed: int = 0) -> None:
+        """Starts checking a request whose own tokens start at ``start`` of
+        its `all_token_ids`, fed all of them but the ``num_unfed`` last."""
+        tokens = request.all_token_ids
+        # What the detokenizer reads of the frontend's `EngineCoreRequest`.
+        check = IncrementalDetokenizer.from_new_request(
+            self.tokenizer,
+            SimpleNamespace(request_id=request.request_id,
+                            prompt_token_ids=list(tokens[:start]),
+                            prompt_embeds=None,
+                            sampling_params=request.sampling_params))
+        end = len(tokens) - num_unfed
+        check.update(list(tokens[start:end]), False)
+        self._checks[request.request_id] = check
+        self._fed[request.request_id] = end
+
+    def feed(self, request_id: str,
+             token_ids: list[int]) -> Optional[IncrementalDetokenizer]:
+        """Feeds a watched request's new output tokens.
+
+        Returns:
+            Its check if they complete a stop string (its text and tokens
+            then end there), else None.
+        """
+        check = self._checks[request_id]
+        self._fed[request_id] += len(token_ids)
+        return None if check.update(token_ids, False) is None else check
+
+    def feed_new(self, request: Request) -> Optional[IncrementalDetokenizer]:
+        """Feeds a watched request's tokens added since the last feed
+        (sampled and merged alike); see `feed`."""
+        new = list(request.all_token_ids[self._fed[request.request_id]:])
+        return self.feed(request.request_id, new) if new else None
+
+    def forget(self, request_id: str) -> None:
+        self._checks.pop(request_id, None)
+        self._fed.pop(request_id, None)

@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""What crosses the engine-core boundary for the hooks, engine-core side.
+
+V1 runs the scheduler in the engine core (often its own process) and sends
+`EngineCoreOutput`s to the frontend as msgpack. The hooks add two things to
+them: a resumed parent's merged tokens, as new tokens of its request (with
+logprob rows where asked), and a finished root's tree, as plain data in
+its output's `kv_transfer_params`, the one free-form per-request field V1
+carries (`outputs.promise_tree` rebuilds it in the frontend).
+
+With `n > 1` the frontend runs one engine request per sample and gives the
+request's output the `kv_transfer_params` of the last sample to finish, so
+`SampleTrees` sends every finished sample's tree with each later
+finishing sample.
+"""
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from sequence_hooks.tree import PromiseTreeState
+from vllm.v1.engine import EngineCoreOutput
+from vllm.v1.outputs import LogprobsLists
+from vllm.v1.request import Request
+
+# Key of the root's `kv_transfer_params` that carries the tree's snapshot
+# (`PromiseNode.to_dict(top_logprobs=True)`).
+TREE_KEY = "promise_tree"
+# Key that replaces it on a sample of an `n > 1` request: the trees of the
+# request's samples finished so far, by sample index (a string, as JSON
+# keys are), each as under TREE_KEY.
+SAMPLE_TREES_KEY = "promise_trees"
+# Engine request id of a sample V1's frontend fans an `n > 1` request out
+# to: "<index>_<the request's id>" (`ParentRequest.get_child_info`).
+SAMPLE_ID = re.compile(r"(\d+)_(.+)", re.DOTALL)
+
+
+def attach_tree(out: EngineCoreOutput, tree: PromiseTreeState) -> None:
+    """Puts a finished root's tree into its output."""
+    params = dict(out.kv_transfer_params or {})
+    params[TREE_KEY] = tree.snapshot().to_dict(top_logprobs=True)
+    out.kv_transfer_params = params
+
+
+def append_merged_tokens(out: EngineCoreOutput, request: Request,
+                         token_ids: list[int], logprob: float) -> None:
+    """Sends merged tokens as new tokens of ``out``'s request, with logprob
+    rows of ``logprob`` if it asked for logprobs.
+
+    Args:
+        out: The request's output of this step.
+        request: The request.
+        token_ids: The merged tokens.
+        logprob: Each one's logprob, in every column of its row.
+    """
+    out.new_token_ids = list(out.new_token_ids) + token_ids
+    if request.sampling_params.logprobs is None:
+        return
+    width = (1 if out.new_logprobs is None else
+             out.new_logprobs.logprob_token_ids.shape[1])
+    # Every column names the merged token: one entry per position.
+    rows = LogprobsLists(
+        np.repeat(np.array(token_ids, dtype=np.int64)[:, None], width, axis=1),
+        np.full((len(token_ids), width), logprob, dtype=np.float32),
+        np.ones(len(token_ids), dtype=np.int64))
+    if out.new_logprobs is not None:
+        rows = LogprobsLists(
+            *(np.concatenate([old, new])
+              for old, new in zip(out.new_logprobs[:3], rows[:3])))
+    out.new_logprobs = rows
+
+
+@dataclass
+class _Samples:
+    """The samples of one `n > 1` request this engine core runs."""
+
+    # Request ids of its samples that have not finished.
+    live: set[str] = field(default_factory=set)
+    # Finished samples' trees (`PromiseNode.to_dict`), by sample index.
+    trees: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class SampleTrees:
+    """The trees of `n > 1` requests' samples, sent with every later
+    finishing sample's output.
+
+    The frontend sends a request's samples one right after the other. In
+    process they all arrive before the next step; with the engine core in
+    its own process, the tree of a sample that finished before a sibling
+    arrived (within its first steps) goes with its own output only.
+    """
+
+    def __init__(self) -> None:
+        # By the request's id (the samples' common part).
+        self._samples: dict[str, _Samples] = {}
+
+    def __len__(self) -> int:
+        """`n > 1` requests with samples live."""
+        return len(self._samples)
+
+    def added(self, request_id: str) -> None:
+        """Notes a new engine request, a sample or not."""
+        match = SAMPLE_ID.fullmatch(request_id)
+        if match is not None:
+            self._samples.setdefault(match[2], _Samples()).live.add(request_id)
+
+    def carries_trees(self, request_id: str, has_tree: Any) -> bool:
+        """Whether a sample's outputs carry trees: its request's samples
+        have trees (``has_tree(request id)`` for the live ones)."""
+        samples = self._of(request_id)
+        return samples is not None and (bool(samples.trees) or any(
+            has_tree(sample) for sample in samples.live))
+
+    def finished(self, out: EngineCoreOutput) -> None:
+        """A sample's final output takes its tree and its finished
+        siblings' along (outputs reach the frontend in the order sent)."""
+        samples = self._of(out.request_id)
+        if samples is None:
+            return
+        index = SAMPLE_ID.fullmatch(out.request_id)[1]
+        params = dict(out.kv_transfer_params or {})
+        tree = params.pop(TREE_KEY, None)
+        if tree is not None:
+            samples.trees[index] = tree
+        if samples.trees:
+            params[SAMPLE_TREES_KEY] = dict(samples.trees)
+        out.kv_transfer_params = params or None
+        self.forget(out.request_id)
+
+    def forget(self, request_id: str) -> None:
+        """A sample is done; its request's samples go with the last."""
+        samples = self._of(request_id)
+        if samples is not None:
+            samples.live.discard(request_id)
+            if not samples.live:
+                del self._samples[SAMPLE_ID.fullmatch(request_id)[2]]
+
+    def _of(self, request_id: str) -> Optional[_Samples]:
+        match = SAMPLE_ID.fullmatch(request_id)
+        samples = None if match is None else self._samples.get(match[2])
+        return (samples if samples is not None and request_id in samples.live
+                else None)
