@@ -19,7 +19,7 @@ from sequence_hooks.tree import PromiseNode
 class SequenceRecord:
     """One sequence of a promise tree, ready for training."""
 
-    # The sequence's request id (`<request id>/promise-<n>` for children).
+    # The sequence's request id (`<root id>/promise-<k>` for children).
     request_id: str
     # Its parent's request id; None for the root.
     parent_id: Optional[str]

@@ -31,7 +31,8 @@ class PromiseNode:
     """
 
     # Engine-internal request id of the sequence (the root's is the
-    # request's own id; a child's is `<request id>/promise-<n>`).
+    # request's own id; a child's is `<root id>/promise-<k>`,
+    # `sequence_hooks.lifecycle.child_request_id`).
     request_id: str
     # Nesting depth: 0 for the root, 1 for its children, and so on.
     depth: int
