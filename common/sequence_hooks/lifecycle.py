@@ -275,8 +275,6 @@ class PromiseCoordinator:
         self.hook_token_ids = special_kwargs.hook_token_ids
         self.hook_token_strings = list(hook_token_strings)
         self.metrics = metrics if metrics is not None else _NoMetrics()
-        marker = special_kwargs.child_role_token_id
-        self._context_tokens = () if marker is None else (marker, )
         # Every member of a live tree, by request id.
         self._members: dict[str, _Member] = {}
         # When each parked member was parked, by request id.
@@ -371,10 +369,11 @@ class PromiseCoordinator:
             return
         request = member.tree.params
         index = len(node.children)
+        marker = limits.child_role_token_id
         spec = ChildSpec(request_id=child_request_id(tree.root.request_id,
                                                      tree.num_spawned),
                          parent_id=member_id,
-                         context_tokens=self._context_tokens,
+                         context_tokens=() if marker is None else (marker, ),
                          max_tokens=request.max_tokens,
                          min_tokens=request.min_tokens,
                          seed=(None if member.seed is None else derive_seed(
@@ -432,7 +431,7 @@ class PromiseCoordinator:
         if member is None or member.node.is_finished:
             return
         tree, node = member.tree.state, member.node
-        self._abort_below(member)
+        self._abort_below(node)
         token_ids = list(result.token_ids)
         text = result.text
         if text is None:
@@ -481,20 +480,10 @@ class PromiseCoordinator:
         if member is None or member.node.is_finished:
             return
         root = member.tree.state.root
-        live = [
-            self._members[node.request_id] for node in root.live_descendants()
-        ]
-        for target in live + [self._members[root.request_id]]:
-            if not target.node.is_finished:
-                self._record_abort(target)
         # Members the engine aborted with the request need nothing more.
-        doomed = [
-            target.node.request_id for target in live
-            if not self.adapter.engine_finished(target.node.request_id)
-        ]
+        self._abort_below(root)
+        self._record_abort(self._members[root.request_id])
         self._forget(member)
-        if doomed:
-            self.adapter.abort(doomed)
 
     # Transitions.
 
@@ -531,24 +520,25 @@ class PromiseCoordinator:
                                Resume(token_ids, MERGED_TOKEN_LOGPROB, seed)):
             member.seed = seed
 
-    def _abort_below(self, member: _Member) -> None:
-        """Aborts a member's unfinished descendants, deepest first; a child
-        the engine finished already reports its own finish."""
-        doomed: list[_Member] = []
+    def _abort_below(self, node: TreeNode) -> None:
+        """Aborts a node's unfinished descendants, deepest first.
 
-        def collect(node: TreeNode) -> None:
-            for child in node.children:
-                if (child.is_finished
-                        or self.adapter.engine_finished(child.request_id)):
-                    continue
-                collect(child)
-                doomed.append(self._members[child.request_id])
-
-        collect(member.node)
+        Each is recorded "abort" (its tree is complete when its root
+        finishes); the engine is asked to abort those it has not finished
+        already (a finish it has not reported yet is then void).
+        """
+        doomed = [
+            self._members[child.request_id]
+            for child in node.live_descendants()
+        ]
         for target in doomed:
             self._record_abort(target)
-        if doomed:
-            self.adapter.abort([target.node.request_id for target in doomed])
+        live = [
+            target.node.request_id for target in doomed
+            if not self.adapter.engine_finished(target.node.request_id)
+        ]
+        if live:
+            self.adapter.abort(live)
 
     def _record_abort(self, member: _Member) -> None:
         member.tree.state.record_abort(member.node)

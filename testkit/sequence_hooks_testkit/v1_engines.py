@@ -103,7 +103,10 @@ def assert_engine_clean(llm):
     scheduler = scheduler_of(llm)
     pool = scheduler.kv_cache_manager.block_pool
     assert not llm.llm_engine.has_unfinished_requests()
-    assert scheduler.requests == {}
+    assert scheduler.requests == {}, {
+        k: (r.status, r.num_tokens, r.num_computed_tokens)
+        for k, r in scheduler.requests.items()
+    }
     assert scheduler.coordinator.num_members() == 0
     assert scheduler.pending_forks == {} and scheduler.evicted == set()
     assert scheduler.child_logprobs == {}

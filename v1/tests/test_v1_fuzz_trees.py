@@ -35,9 +35,10 @@ def test_random_trees_with_aborts_leave_nothing_behind(hooked_llm, hook_ids,
                                                        case):
     engine = hooked_llm.llm_engine
     scheduler = scheduler_of(hooked_llm)
-    limits = scheduler.special_kwargs
+    coordinator = scheduler.coordinator
+    limits = coordinator.special_kwargs
     # The limits are read per promise: each case sets its own.
-    scheduler.special_kwargs = type(limits)(
+    coordinator.special_kwargs = type(limits)(
         sync_token_id=hook_ids.sync,
         promise_token_id=hook_ids.promise,
         max_children_per_sequence=case["max_children_per_sequence"],
@@ -68,7 +69,7 @@ def test_random_trees_with_aborts_leave_nothing_behind(hooked_llm, hook_ids,
     try:
         finished, output_ids = run_to_the_end(engine, MAX_STEPS, maybe_abort)
     finally:
-        scheduler.special_kwargs = limits
+        coordinator.special_kwargs = limits
     engine.step()  # nothing left: must not raise
     assert_fuzz_outcome(roots, aborted, finished, output_ids)
     assert_engine_clean(hooked_llm)

@@ -10,6 +10,9 @@ its eviction under pressure.
 - A parked parent is a streaming-input session between chunks: out of the
   running queue, its blocks and model-runner state kept, never scheduled,
   and not counted against `max_num_seqs` (it holds no row of the batch).
+  Under async scheduling its next step is already in flight when its
+  `<sync>` comes back: that step's work is dropped, as upstream drops a
+  finished streaming turn's, and the park resumes from what is computed.
 - With nothing running, parked parents that hold the blocks the next
   request needs are evicted (blocks freed, the resume recomputes less what
   the prefix cache gives back), so a full cache never deadlocks.
@@ -55,8 +58,23 @@ class ParkingScheduler(Scheduler):
             self.num_waiting_for_streaming_input += parked
 
     def park(self, request: Request) -> None:
-        """Parks a running request as a streaming session between chunks."""
+        """Parks a running request as a streaming session between chunks.
+
+        With async scheduling, a step scheduled before the token that parks
+        it came back is in flight: as upstream's `_handle_stopped_request`
+        does for a streaming turn that ended, the request goes back to its
+        computed frontier (the in-flight token's position is computed again
+        at the resume) and the in-flight output is dropped when it arrives.
+        Without async scheduling nothing is in flight and this changes
+        nothing.
+        """
         self.running.remove(request)
+        request.num_computed_tokens -= request.num_output_placeholders
+        request.num_output_placeholders = 0
+        request.spec_token_ids = []
+        if request.num_in_flight_tokens:
+            request.drop_stale_output = True
+            request.num_stale_output_tokens = request.num_in_flight_tokens
         request.status = RequestStatus.WAITING_FOR_STREAMING_REQ
         self.num_waiting_for_streaming_input += 1
         self._enqueue_waiting_request(request)
@@ -64,9 +82,11 @@ class ParkingScheduler(Scheduler):
     def queue_fork(self, child: Request, parent: Request) -> None:
         """Queues a new child ahead of new requests (it continues work
         already admitted); its prefix hit is ``parent``'s computed
-        context."""
+        context: with async scheduling, less the positions of the steps in
+        flight, whose KV the child computes itself."""
         self.pending_forks[child.request_id] = (parent.request_id,
-                                                parent.num_computed_tokens)
+                                                parent.num_computed_tokens -
+                                                parent.num_output_placeholders)
         self.requests[child.request_id] = child
         self.waiting.prepend_request(child)
 

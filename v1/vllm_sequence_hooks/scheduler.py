@@ -29,6 +29,7 @@ from sequence_hooks.tree import PromiseTreeState, TreeNode
 from vllm.config import VllmConfig
 from vllm.logprobs import append_logprobs_for_next_position
 from vllm.tokenizers import cached_tokenizer_from_config
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.outputs import LogprobsLists, ModelRunnerOutput
@@ -47,7 +48,19 @@ class SequenceHookScheduler(ParkingScheduler):
       resume computes exactly `<sync>` plus the merged tokens.
     - Children's outputs never leave the engine core; the merged tokens and,
       at the end, the tree's snapshot reach the root's output.
+
+    When vLLM's configuration has async scheduling on, constructing this
+    class gives an `AsyncSequenceHookScheduler`, the same hooks on
+    upstream's `AsyncScheduler`: `--scheduler-cls` names one class either
+    way.
     """
+
+    def __new__(cls, *args, **kwargs):
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        if (cls is SequenceHookScheduler
+                and vllm_config.scheduler_config.async_scheduling):
+            cls = AsyncSequenceHookScheduler
+        return super().__new__(cls)
 
     def __init__(self, vllm_config: VllmConfig, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
@@ -344,7 +357,9 @@ class SequenceHookScheduler(ParkingScheduler):
                             sampling_params=params))
         if member_id in self.evicted:
             self.requeue_evicted(request)
-        if token_ids:
+        if token_ids and not self.coordinator.is_child(member_id):
+            # The root's stream shows its merged tokens; a child's never
+            # leave the engine core.
             out = self._outputs.get(member_id)
             if out is None:
                 out = EngineCoreOutput(request_id=member_id, new_token_ids=[])
@@ -375,3 +390,17 @@ class SequenceHookScheduler(ParkingScheduler):
         out = self._outputs.get(root_id)
         if out is not None:
             attach_tree(out, tree)
+
+
+class AsyncSequenceHookScheduler(SequenceHookScheduler, AsyncScheduler):
+    """The hooks on upstream's `AsyncScheduler` (async scheduling on).
+
+    Upstream's async variant keeps output placeholders so that a running
+    request's next step is scheduled before its last token came back (the
+    engine core keeps two batches in flight). Its bookkeeping runs as it
+    is (the method order puts the hooks' overrides first, then
+    `AsyncScheduler`'s); what async changes for the hooks is in `parking`:
+    a park drops the parked request's step in flight and resumes from its
+    computed frontier, and a child's prefix hit is its parent's computed
+    context without the positions in flight.
+    """
