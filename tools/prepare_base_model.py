@@ -42,6 +42,12 @@ EOS = "<|im_end|>"
 NEW_ROWS_FILE = "new_token_embeddings.safetensors"
 # Written last into a finished folder: a folder without it is redone.
 DONE = ".prepared"
+# The tokenizer class the checkpoints name: the GGUF conversion writes
+# `LlamaTokenizerFast`, which transformers 5 loads as a SentencePiece-style
+# tokenizer, dropping tokenizer.json's ByteLevel pre-tokenizer ("Hello
+# world" decodes to "Helloworld"); the plain fast class loads tokenizer.json
+# as it is with transformers 4 and 5 alike.
+TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 # Hex digits of the delta's digest in its merged checkpoint's name.
 DIGEST_CHARS = 12
 
@@ -129,7 +135,7 @@ def prepare_base() -> Path:
     """
     out = base_dir()
     if (out / DONE).exists():
-        return out
+        return pin_tokenizer_class(out)
     gguf = fetch_gguf()
     log(f"converting {gguf.name} to an fp32 HF checkpoint in {out}")
     import torch
@@ -157,8 +163,24 @@ def prepare_base() -> Path:
     tokenizer.save_pretrained(out)
     # A by-product of the GGUF conversion (98 MB); tokenizer.json is used.
     (out / "tokenizer.model").unlink(missing_ok=True)
+    pin_tokenizer_class(out)
     (out / DONE).write_text("")
     return out
+
+
+def pin_tokenizer_class(folder: Path) -> Path:
+    """Makes ``folder``'s tokenizer config name `TOKENIZER_CLASS` (a
+    checkpoint prepared before it did is mended in place).
+
+    Returns:
+        The folder.
+    """
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    if config.get("tokenizer_class") != TOKENIZER_CLASS:
+        config["tokenizer_class"] = TOKENIZER_CLASS
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    return folder
 
 
 def delta_digest(delta: Path) -> str:
@@ -189,7 +211,7 @@ def merge_delta(delta: Path = DELTA) -> Path:
     """
     out = model_dir(delta)
     if (out / DONE).exists():
-        return out
+        return pin_tokenizer_class(out)
     base = prepare_base()
     log(f"merging the delta {delta.name} into the base, to {out}")
     import torch
@@ -207,6 +229,7 @@ def merge_delta(delta: Path = DELTA) -> Path:
         shutil.rmtree(out)
     model.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    pin_tokenizer_class(out)
     (out / DONE).write_text(json.dumps({"delta": str(delta.name)}))
     remove_stale_merges(out)
     return out
