@@ -2,8 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Tripwires for the fault-tolerance modules: the upstream attributes
 `request_checks` and the logits-processor guard read without a patch.
-Each fails naming what moved. (The functions the fault-tolerance patches
-0006-0009 touch are checked with every patch's in `test_seams.py`.)
+Each fails naming what moved. (The functions the hardening patches,
+`patches/hardening/`, touch are checked with every patch's in
+`test_seams.py`.)
 """
 
 

@@ -17,8 +17,9 @@ import build_fork
 import pytest
 
 # Upstream file -> {function (Class.method or module function): its
-# parameters, pristine}.
+# parameters, pristine}, with the patch (patches/<kind>/<number>) touching it.
 PATCHED_FUNCTIONS = {
+    # features/0004
     "vllm/engine/output_processor/interfaces.py": {
         "SequenceGroupOutputProcessor.create_output_processor": [
             "scheduler_config", "detokenizer", "scheduler", "seq_counter",
@@ -26,19 +27,22 @@ PATCHED_FUNCTIONS = {
         ],
     },
     "vllm/engine/llm_engine.py": {
+        # features/0004
         "LLMEngine.__init__": [
             "self", "vllm_config", "executor_class", "log_stats",
             "usage_context", "stat_loggers", "mm_registry",
             "use_cached_outputs"
         ],
-        # Patch 0007 (fault tolerance, as the rest of this table's tail).
+        # hardening/0002
         "LLMEngine._validate_model_input":
         ["self", "prompt_inputs", "lora_request", "prompt_type"],
     },
+    # features/0003
     "vllm/engine/arg_utils.py": {
         "EngineArgs.create_engine_config": ["self", "usage_context"],
         "EngineArgs.add_cli_args": ["parser"],
     },
+    # features/0005
     "vllm/outputs.py": {
         "RequestOutput.__init__": [
             "self", "request_id", "prompt", "prompt_token_ids",
@@ -50,10 +54,11 @@ PATCHED_FUNCTIONS = {
         "RequestOutput.from_seq_group":
         ["cls", "seq_group", "use_cache", "seq_id_to_seq_group"],
     },
+    # features/0001
     "vllm/sequence.py": {
         "SequenceStatus.is_finished": ["status"],
     },
-    # The fault-tolerance patches (0006-0009).
+    # hardening/0001
     "vllm/model_executor/layers/logits_processor.py": {
         "_apply_logits_processors": ["logits", "sampling_metadata"],
         "_apply_logits_processors_single_seq": [
@@ -61,6 +66,7 @@ PATCHED_FUNCTIONS = {
             "prompt_tokens_ids"
         ],
     },
+    # hardening/0002
     "vllm/entrypoints/openai/serving_engine.py": {
         "OpenAIServing._normalize_prompt_text_to_input": [
             "self", "request", "tokenizer", "prompt", "truncate_prompt_tokens",
@@ -73,18 +79,22 @@ PATCHED_FUNCTIONS = {
         "OpenAIServing._load_prompt_embeds":
         ["self", "prompt_embeds", "truncate_prompt_tokens"],
     },
+    # features/0006
     "vllm/entrypoints/openai/serving_completion.py": {
         "OpenAIServingCompletion.create_completion":
         ["self", "request", "raw_request"],
     },
+    # features/0006
     "vllm/entrypoints/openai/serving_chat.py": {
         "OpenAIServingChat.create_chat_completion":
         ["self", "request", "raw_request"],
     },
+    # features/0006
     "vllm/entrypoints/llm.py": {
         "LLM.beam_search":
         ["self", "prompts", "params", "lora_request", "use_tqdm"],
     },
+    # hardening/0003
     "vllm/engine/async_llm_engine.py": {
         "build_guided_decoding_logits_processor_async": [
             "sampling_params", "tokenizer", "default_guided_backend",

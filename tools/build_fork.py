@@ -12,9 +12,11 @@ engine-neutral package ``common/sequence_hooks`` beside it) that
 * ``cuda``: the official wheel, whose compiled kernels are kept as they are.
 
 Then every patch in ``patches/series`` is applied with zero fuzz (the build
-fails naming the patch otherwise) and our modules are added as symlinks, so
-in an editable install an edit takes effect without rebuilding (a wheel build
-copies their contents).
+fails naming the patch otherwise): first ``patches/hardening/`` (fixes of
+upstream bugs, each also applying to pristine upstream on its own), then
+``patches/features/`` (the seams of the sequence hooks). Our modules are
+added as symlinks, so in an editable install an edit takes effect without
+rebuilding (a wheel build copies their contents).
 
 Usage::
 
@@ -200,7 +202,8 @@ def compiled_c_extension(source: Path) -> Path:
 
 
 def series() -> list[Path]:
-    """The patches, in the order ``patches/series`` lists them."""
+    """The patches, in the order ``patches/series`` lists them (paths
+    relative to ``patches/``, e.g. ``hardening/0001-....patch``)."""
     names = [
         line.split("#")[0].strip()
         for line in (PATCHES / "series").read_text().splitlines()
@@ -208,20 +211,34 @@ def series() -> list[Path]:
     return [PATCHES / name for name in names if name]
 
 
+def apply_patch(tree: Path, patch: Path, dry_run: bool = False) -> None:
+    """Applies one patch to ``tree`` with zero fuzz, or fails naming it."""
+    command = [
+        "patch", "-p1", "--fuzz=0", "--forward", "--batch",
+        "--no-backup-if-mismatch", "-d",
+        str(tree), "-i",
+        str(patch)
+    ] + (["--dry-run"] if dry_run else [])
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0 or "offset" in result.stdout:
+        raise BuildError(f"patch {patch.relative_to(PATCHES)} does not apply "
+                         f"cleanly to upstream {UPSTREAM_VERSION}:\n"
+                         f"{result.stdout}{result.stderr}")
+
+
 def apply_patches(tree: Path) -> None:
-    """Applies the series to ``tree`` with zero fuzz, or fails naming it."""
+    """Applies the series to ``tree`` with zero fuzz, or fails naming the
+    first patch that does not apply."""
     for patch in series():
-        command = [
-            "patch", "-p1", "--fuzz=0", "--forward", "--batch",
-            "--no-backup-if-mismatch", "-d",
-            str(tree), "-i",
-            str(patch)
-        ]
-        result = subprocess.run(command, capture_output=True, text=True)
-        if result.returncode != 0 or "offset" in result.stdout:
-            raise BuildError(f"patch {patch.name} does not apply cleanly "
-                             f"to upstream {UPSTREAM_VERSION}:\n"
-                             f"{result.stdout}{result.stderr}")
+        apply_patch(tree, patch)
+
+
+def check_hardening_alone(pristine: Path) -> None:
+    """Each hardening patch applies to pristine upstream by itself: it is
+    the diff that would be proposed upstream, needing no other patch."""
+    for patch in series():
+        if patch.parent.name == "hardening":
+            apply_patch(pristine, patch, dry_run=True)
 
 
 def tree_for(target: str) -> Path:
@@ -268,8 +285,10 @@ def inputs_digest(target: str) -> str:
     needs no rebuild, but a new or removed one does.
     """
     digest = hashlib.sha256(f"{target}|{version_for(target)}".encode())
-    for path in sorted(PATCHES.iterdir()) + [Path(__file__)]:
-        digest.update(path.name.encode() + path.read_bytes())
+    for path in sorted(PATCHES.rglob("*")) + [Path(__file__)]:
+        if path.is_file():
+            digest.update(
+                str(path.relative_to(ROOT)).encode() + path.read_bytes())
     for folder in (OUR_MODULES, NEUTRAL_PACKAGE):
         for ours in sorted(folder.rglob("*.py")):
             digest.update(str(ours.relative_to(ROOT)).encode())
@@ -340,7 +359,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                             ignore=shutil.ignore_patterns("__pycache__"))
             apply_patches(scratch)
             shutil.rmtree(scratch)
-            print(f"{len(series())} patches apply with zero fuzz")
+            check_hardening_alone(pristine_tree(args.target))
+            print(f"{len(series())} patches apply with zero fuzz, each "
+                  "hardening patch also on its own")
             return 0
         version = assemble(args.target)
     except BuildError as e:
