@@ -5,7 +5,10 @@
 Generates for a few prompts through `LLM(..., special_kwargs=...)` on the
 fork's V0 engine, prints each answer and its promise tree, and draws a
 timeline (one lane per sequence, engine steps on the x axis; spawns,
-parking, merges and resumes marked) to a PNG whose path it prints.
+parking, merges and resumes marked) to a PNG whose path it prints. With
+`--engine v1` (`./dev demo --engine v1`, the V1 venv) it runs the same
+prompts on stock vLLM's V1 engine with the plugin and prints the same
+answers and trees (no timeline: it records the V0 scheduler).
 
 By default the model is SmolLM2-135M-Instruct fine-tuned here
 (models/smollm2-promise, see its MODEL_CARD.md): asked for the capitals of
@@ -16,16 +19,13 @@ delta (`tools/prepare_base_model.py`, about two minutes, cached); prompts
 are chat messages. `--model models/expand` runs the fast toy model (see
 its MODEL_CARD.md) on plain-text prompts.
 
-Usage: ./dev demo [--model DIR] [--prompt TEXT ...] [--chat]
+Usage: ./dev demo [--engine v0|v1] [--model DIR] [--prompt TEXT ...] [--chat]
 """
 
 import argparse
 import os
 import tempfile
 from pathlib import Path
-
-from sequence_hooks_testkit.timeline import (draw_timeline, layout_timeline,
-                                             run_with_timeline)
 
 # The default (real) model's requests: user messages, answered in the
 # parallel form its system prompt selects.
@@ -80,12 +80,19 @@ def requests_of(llm, prompts: list[str], system: str) -> list[dict]:
     ]
     return [{
         "prompt_token_ids":
-        tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        tokenizer.apply_chat_template(messages,
+                                      add_generation_prompt=True,
+                                      return_dict=False)
     } for messages in conversations]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine",
+                        choices=("v0", "v1"),
+                        default="v0",
+                        help="the fork's V0 engine, or stock V1 with the "
+                        "plugin (run in the V1 venv)")
     parser.add_argument("--model",
                         help="model folder (default: the real model, "
                         "prepared on first use)")
@@ -117,10 +124,10 @@ def main() -> None:
         default=str(Path(tempfile.gettempdir()) / "promise_timeline.png"),
         help="where to write the timeline PNG")
     args = parser.parse_args()
-    os.environ.setdefault("VLLM_USE_V1", "0")
+    if args.engine == "v0":
+        os.environ.setdefault("VLLM_USE_V1", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
-    from vllm.config import SpecialKwargs
+    from vllm import SamplingParams
 
     model, chat, system = args.model, args.chat, args.system or ""
     default_prompts = TOY_MODEL_PROMPTS
@@ -132,31 +139,58 @@ def main() -> None:
         model = str(prepare_base_model.merge_delta())
         chat, default_prompts = True, REAL_MODEL_PROMPTS
         system = args.system or capitals_task.SYSTEM_PARALLEL
-    llm = LLM(model=model,
-              max_model_len=512,
-              enforce_eager=True,
-              dtype="float32",
-              special_kwargs=SpecialKwargs(
-                  sync_token=args.sync_token,
-                  promise_token=args.promise_token,
-                  child_role_token=args.child_role_token or None))
+    hooks = {
+        "sync_token": args.sync_token,
+        "promise_token": args.promise_token,
+        "child_role_token": args.child_role_token or None
+    }
+    llm = hooked_llm(args.engine, model, hooks)
     prompts = args.prompt or default_prompts
-    outputs, events, steps = run_with_timeline(
-        llm,
-        requests_of(llm, prompts, system) if chat else prompts,
-        SamplingParams(temperature=args.temperature,
-                       top_p=args.top_p,
-                       seed=args.seed,
-                       max_tokens=args.max_tokens))
-    for prompt, output in zip(prompts, outputs):
+    requests = requests_of(llm, prompts, system) if chat else prompts
+    params = SamplingParams(temperature=args.temperature,
+                            top_p=args.top_p,
+                            seed=args.seed,
+                            max_tokens=args.max_tokens)
+    if args.engine == "v0":
+        from sequence_hooks_testkit.timeline import (draw_timeline,
+                                                     layout_timeline,
+                                                     run_with_timeline)
+        outputs, events, steps = run_with_timeline(llm, requests, params)
+        trees = [output.promise_tree for output in outputs]
+    else:
+        from vllm_sequence_hooks import promise_tree
+        outputs = llm.generate(requests, params, use_tqdm=False)
+        trees = [promise_tree(output) for output in outputs]
+    for prompt, output, tree in zip(prompts, outputs, trees):
         print(f"\nprompt: {prompt}")
         print(f"answer: {output.outputs[0].text.strip()}")
-        if output.promise_tree is not None:
+        if tree is not None:
             print(f"tree:   {output.request_id} (the parent, "
                   f"{output.outputs[0].finish_reason})")
-            print_tree(output.promise_tree, indent="          ")
-    draw_timeline(layout_timeline(events, steps), Path(args.timeline))
-    print(f"\ntimeline ({steps} engine steps): {args.timeline}")
+            print_tree(tree, indent="          ")
+    if args.engine == "v0":
+        draw_timeline(layout_timeline(events, steps), Path(args.timeline))
+        print(f"\ntimeline ({steps} engine steps): {args.timeline}")
+
+
+def hooked_llm(engine: str, model: str, hooks: dict):
+    """A hooked `LLM` of ``model`` (fp32, eager) on the V0 fork or on V1.
+
+    Args:
+        engine: "v0" or "v1".
+        model: The model's folder.
+        hooks: `SpecialKwargs` fields, token strings.
+    """
+    from vllm import LLM
+    engine_args = dict(model=model,
+                       max_model_len=512,
+                       enforce_eager=True,
+                       dtype="float32")
+    if engine == "v1":
+        from vllm_sequence_hooks import hooked_engine_args
+        return LLM(**engine_args, **hooked_engine_args(hooks))
+    from vllm.config import SpecialKwargs
+    return LLM(**engine_args, special_kwargs=SpecialKwargs(**hooks))
 
 
 if __name__ == "__main__":
