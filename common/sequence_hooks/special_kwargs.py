@@ -143,6 +143,21 @@ class SpecialKwargs:
                              "resolve them with the tokenizer first")
         return frozenset(self._ids().values())
 
+    def check_not_eos(self, eos_token_id: Any) -> None:
+        """Raises ValueError if a hook token is the model's end of sequence
+        (the engine would stop where the hook should act).
+
+        Args:
+            eos_token_id: The model config's `eos_token_id`: an id, a list
+                of ids or None.
+        """
+        eos = eos_token_id if isinstance(eos_token_id,
+                                         list) else [eos_token_id]
+        clashes = (set(eos) - {None}) & self.hook_token_ids
+        if clashes:
+            raise ValueError(f"token id(s) {sorted(clashes)} are the "
+                             "model's end-of-sequence token")
+
     def check_vocab_size(self, vocab_size: int) -> None:
         """Raises ValueError unless every hook token id is in the vocabulary.
 

@@ -48,7 +48,8 @@ def make_scheduler(scheduler_cls: type,
                    block_size: int = 16,
                    num_blocks: int = 1000,
                    max_num_seqs: int = 64,
-                   max_model_len: int = 512):
+                   max_model_len: int = 512,
+                   **config: Any):
     """A real V1 scheduler of ``scheduler_cls`` with no model behind it.
 
     Args:
@@ -60,6 +61,7 @@ def make_scheduler(scheduler_cls: type,
         num_blocks: KV blocks in the pool.
         max_num_seqs: Requests scheduled at once.
         max_model_len: Longest sequence.
+        config: `VllmConfig` fields to set before the scheduler is made.
     """
     model_config = ModelConfig(model=str(model_path),
                                dtype="float32",
@@ -79,6 +81,8 @@ def make_scheduler(scheduler_cls: type,
     # The platform's choice (off on the CPU) overridden, as a GPU has it.
     vllm_config.scheduler_config.async_scheduling = async_scheduling
     vllm_config.cache_config.num_gpu_blocks = num_blocks
+    for name, value in config.items():
+        setattr(vllm_config, name, value)
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],

@@ -63,6 +63,10 @@ class SequenceHookScheduler(ParkingScheduler):
         return super().__new__(cls)
 
     def __init__(self, vllm_config: VllmConfig, *args, **kwargs) -> None:
+        if vllm_config.speculative_config is not None:
+            raise ValueError("sequence hooks do not support speculative "
+                             "decoding: a hook acts on one sampled token a "
+                             "step")
         super().__init__(vllm_config, *args, **kwargs)
         if not self.kv_cache_manager.enable_caching:
             raise ValueError("sequence hooks on V1 share the parent's KV "
@@ -72,9 +76,15 @@ class SequenceHookScheduler(ParkingScheduler):
             raise ValueError("sequence hooks do not support pipeline "
                              "parallelism")
         self.tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
-        special_kwargs = special_kwargs_of(vllm_config).resolve(self.tokenizer)
-        special_kwargs.check_vocab_size(
-            vllm_config.model_config.get_vocab_size())
+        try:
+            special_kwargs = special_kwargs_of(vllm_config).resolve(
+                self.tokenizer)
+            special_kwargs.check_vocab_size(
+                vllm_config.model_config.get_vocab_size())
+            special_kwargs.check_not_eos(
+                vllm_config.model_config.hf_config.eos_token_id)
+        except ValueError as e:
+            raise ValueError(f"special_kwargs: {e}") from e
         self.special_kwargs = special_kwargs
         # V0's `vllm:sequence_hook_*` metrics (docs/v1.md: how they reach
         # `/metrics` from the engine core's process).

@@ -124,14 +124,10 @@ def check_engine_config(config: "VllmConfig") -> None:
                 revision=model_config.tokenizer_revision)
             config.special_kwargs = config.special_kwargs.resolve(tokenizer)
         config.special_kwargs.check_vocab_size(model_config.get_vocab_size())
+        config.special_kwargs.check_not_eos(
+            model_config.hf_config.eos_token_id)
     except ValueError as e:
         raise ValueError(f"special_kwargs: {e}") from e
-    eos = model_config.hf_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
-    clashes = eos_ids & config.special_kwargs.hook_token_ids
-    if clashes:
-        raise ValueError(f"special_kwargs: token id(s) {sorted(clashes)} are "
-                         "the model's end-of-sequence token")
 
 
 def refuse(what: str) -> None:
