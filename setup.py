@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Packages the assembled fork as the distribution ``vllm``.
 
-``tools/build_fork.py`` puts pinned upstream vLLM, our patches and our
+``fork/build_fork.py`` puts pinned upstream vLLM, our patches and our
 modules together in ``build/tree-<target>``; this file packages that tree.
 The target comes from ``VLLM_TARGET_DEVICE`` (``cpu`` or ``cuda``), as with
 upstream vLLM; the tree is assembled here if it is missing.
@@ -37,7 +37,7 @@ if TARGET not in ("cpu", "cuda"):
     raise SystemExit(f"VLLM_TARGET_DEVICE={TARGET!r}: this fork builds for "
                      "'cpu' or 'cuda'")
 if not BUILD_INFO.exists():
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "fork"))
     import build_fork
     build_fork.assemble(TARGET)
 info = json.loads(BUILD_INFO.read_text())

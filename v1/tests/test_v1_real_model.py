@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 V0_PYTHON = ROOT / ".venv" / "bin" / "python"
-PREPARE = ROOT / "tools" / "prepare_base_model.py"
+PREPARE = ROOT / "models" / "prepare_base_model.py"
 DEMO = ROOT / "examples" / "demo.py"
 # vLLM's log lines (on stdout), from any of its processes.
 LOG_LINE = re.compile(r"(\(\w+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR) ")
@@ -87,7 +87,7 @@ def demo_lines(python: Path, engine: str, tmp_path: Path) -> list[str]:
         str(tmp_path / f"{engine}.png")
     ],
                             env=dict(os.environ,
-                                     PYTHONPATH=str(ROOT / "tools")),
+                                     PYTHONPATH=str(ROOT / "models")),
                             capture_output=True,
                             text=True,
                             timeout=900)

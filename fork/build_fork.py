@@ -20,8 +20,8 @@ rebuilding (a wheel build copies their contents).
 
 Usage::
 
-    python tools/build_fork.py [--target cpu|cuda]
-    python tools/build_fork.py --check-patches
+    python fork/build_fork.py [--target cpu|cuda]
+    python fork/build_fork.py --check-patches
 """
 
 import argparse
@@ -320,7 +320,7 @@ def assemble(target: str) -> str:
         shutil.copy2(c_extension, package / "_C.abi3.so")
     version = version_for(target)
     (package / "_version.py").write_text(
-        "# Written by tools/build_fork.py.\n"
+        "# Written by fork/build_fork.py.\n"
         f"__version__ = version = {version!r}\n"
         f"__version_tuple__ = version_tuple = {tuple(version.split('.'))!r}\n")
     (staging / "BUILD_INFO.json").write_text(

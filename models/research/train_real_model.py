@@ -20,22 +20,26 @@ facts (`--all-countries` trains those capitals too).
 Trained: a LoRA adapter on every linear layer of the top blocks
 (`--lora-first-block`), and the embedding rows of the three hook tokens
 (tied to the output layer). Written to ``--out``: the adapter (bf16) and
-the new rows, which `tools/prepare_base_model.py` merges into the base
+the new rows, which `models/prepare_base_model.py` merges into the base
 checkpoint.
 
-Usage: .venv/bin/python tools/train_real_model.py [--out DIR]
+Usage: .venv/bin/python models/research/train_real_model.py [--out DIR]
     [--steps 160] [--tasks-per-step 6] [--seed 3] [--lora-first-block 12]
     [--all-countries] [--threads 2]
 """
 
 import argparse
 import random
+import sys
 import time
 from pathlib import Path
 
-import capitals_task as task
-import prepare_base_model as prepare
 import torch
+
+# The real model's set-up and task (models/) are one folder up.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import capitals_task as task  # noqa: E402
+import prepare_base_model as prepare  # noqa: E402
 
 LORA_RANK = 16
 LORA_TARGETS = [

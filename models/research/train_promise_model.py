@@ -13,7 +13,7 @@ follows them), so it learns to read the merged results instead of working
 them out from its prompt. Every answer is checkable by a program, and
 children write enough tokens for parallelism to matter.
 
-Usage: .venv/bin/python tools/train_promise_model.py [--out DIR]
+Usage: .venv/bin/python models/research/train_promise_model.py [--out DIR]
     [--steps 2500] [--seed 0]
 """
 
@@ -27,7 +27,7 @@ import torch
 from sequence_hooks_testkit import tiny_model
 from sequence_hooks_testkit.expand_task import examples, make_task
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def batches(tokenizer, rng: random.Random, size: int):

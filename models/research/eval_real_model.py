@@ -20,7 +20,7 @@ from how well its conclusion copies it, the texts cut at the token limit
 (a sentence repeated until then leaves no conclusion), and the countries
 only one form gets right, with a sign test. Prints a JSON report.
 
-Usage: .venv/bin/python tools/eval_real_model.py [--tasks 56]
+Usage: .venv/bin/python models/research/eval_real_model.py [--tasks 56]
     [--seeds 1000 3000 4000] [--confusable]
     [--model CHECKPOINT | --delta DIR]
 """
@@ -30,13 +30,17 @@ import json
 import os
 import random
 import re
+import sys
 import time
 from math import comb
 from pathlib import Path
 
-import capitals_task as task
-import prepare_base_model as prepare
 import torch
+
+# The real model's set-up and task (models/) are one folder up.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import capitals_task as task  # noqa: E402
+import prepare_base_model as prepare  # noqa: E402
 
 MAX_MODEL_LEN = 512
 MAX_TOKENS = 320

@@ -16,7 +16,7 @@ checkpoints in the cache (beside the compiled `_C`), skipping what is done:
    (models/smollm2-promise: a LoRA adapter and the trained rows of the new
    tokens) merged in, so that the engine serves a plain checkpoint.
 
-Usage: .venv/bin/python tools/prepare_base_model.py [--base-only]
+Usage: .venv/bin/python models/prepare_base_model.py [--base-only]
 Prints the folders it made or found.
 """
 
@@ -53,7 +53,7 @@ DIGEST_CHARS = 12
 
 
 def cache_dir() -> Path:
-    """The per-user cache shared with the build (`tools/build_fork.py`)."""
+    """The per-user cache shared with the build (`fork/build_fork.py`)."""
     base = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
     path = Path(base) / "vllm-seqhook"
     path.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ whose clients disconnect after their first chunks, and reports requests
 completed, errors, p50/p99 latency, and the KV usage once the server is
 idle again. Every loop is bounded in count and time.
 
-Usage: .venv/bin/python tools/load_check.py [--requests 48]
+Usage: .venv/bin/python benchmarks/load_check.py [--requests 48]
     [--concurrency 12] [--disconnect-fraction 0.25] [--base-url URL]
 """
 

@@ -6,7 +6,7 @@ Held-out tasks solved in parallel, and whether the conclusion follows
 answers forced on the children (how: `sequence_hooks_testkit.expand_eval`).
 Prints a JSON report.
 
-Usage: .venv/bin/python tools/eval_promise_model.py MODEL_DIR
+Usage: .venv/bin/python models/research/eval_promise_model.py MODEL_DIR
     [--tasks 200] [--interventions 100] [--seed 1000]
 """
 

@@ -10,17 +10,21 @@ one child per country. Sorted by how far the parallel form is behind, so
 the names that cost it most come first; then the forms compared with the
 country as the unit.
 
-Usage: PYTHONPATH=tools .venv/bin/python tools/eval_by_country.py
+Usage: .venv/bin/python models/research/eval_by_country.py
     REPORT [REPORT ...]
 """
 
 import argparse
 import json
+import sys
 from collections import defaultdict
+from pathlib import Path
 from typing import Optional
 
-import capitals_task as task
-import eval_real_model as evaluation
+# The real model's set-up and task (models/) are one folder up.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import capitals_task as task  # noqa: E402
+import eval_real_model as evaluation  # noqa: E402
 
 FORMS = ("parallel", "sequential")
 
