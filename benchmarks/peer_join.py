@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The hooks against their peer, the client-side join, side by side.
 
-The peer is `sequence_hooks_testkit.client_join`: a client that streams a
+The peer is `sequence_hooks_testkit.bench.client_join`: a client that streams a
 request's sequence from a stock engine, launches a child request at each
 `<promise>` the sequence samples, stops it at `<sync>` and sends one
 request over the merged context, as APR/ThreadWeaver-style systems run on
@@ -53,12 +53,12 @@ from pathlib import Path
 from typing import Optional
 
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks_testkit.bench import prepare, print_table
-from sequence_hooks_testkit.client_join import (EngineTransport, JoinTask,
-                                                scripted_options)
-from sequence_hooks_testkit.client_join_http import (HttpTransport,
-                                                     client_session, run_join,
-                                                     server_max_model_len)
+from sequence_hooks_testkit.bench.client_join import (EngineTransport,
+                                                      JoinTask,
+                                                      scripted_options)
+from sequence_hooks_testkit.bench.client_join_http import (
+    HttpTransport, client_session, run_join, server_max_model_len)
+from sequence_hooks_testkit.bench.runs import prepare, print_table
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from sequence_hooks_testkit.server import (HOOKS_JSON, running_server,

@@ -33,7 +33,7 @@ import capitals_task as task
 import eval_real_model as evaluation
 import prepare_base_model as prepare
 
-from sequence_hooks_testkit.bench import count_steps, report
+from sequence_hooks_testkit.bench.runs import count_steps, report
 
 
 def sampled_tokens(output) -> int:

@@ -152,9 +152,9 @@ def main() -> None:
                             seed=args.seed,
                             max_tokens=args.max_tokens)
     if args.engine == "v0":
-        from sequence_hooks_testkit.timeline import (draw_timeline,
-                                                     layout_timeline,
-                                                     run_with_timeline)
+        from sequence_hooks_testkit.bench.timeline import (draw_timeline,
+                                                           layout_timeline,
+                                                           run_with_timeline)
         outputs, events, steps = run_with_timeline(llm, requests, params)
         trees = [output.promise_tree for output in outputs]
     else:

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from sequence_hooks_testkit.engines import tiny_llm
-from sequence_hooks_testkit.expand_eval import load as load_expand_model
 from sequence_hooks_testkit.tiny_model import (HookIds, build_tiny_model,
                                                build_tokenizer, tiny_hook_ids)
+from sequence_hooks_testkit.training import expand_eval
 
 # Small KV cache (GiB) for the CPU engine; the tiny model needs little.
 KV_CACHE_GIB = "1"
@@ -81,4 +81,4 @@ def expand_model_path() -> Path:
 @pytest.fixture(scope="session")
 def expand_llm(expand_model_path):
     """The embedded model on the hooked engine, as its card measures it."""
-    return load_expand_model(str(expand_model_path))
+    return expand_eval.load(str(expand_model_path))

@@ -17,8 +17,8 @@ from typing import Optional
 
 import aiohttp
 
-from sequence_hooks_testkit.client_join import (JoinRequest, JoinResult,
-                                                JoinTask, OptionsFn)
+from sequence_hooks_testkit.bench.client_join import (JoinRequest, JoinResult,
+                                                      JoinTask, OptionsFn)
 
 # Seconds a request may take in all; every wait is bounded.
 REQUEST_SECONDS = 600
