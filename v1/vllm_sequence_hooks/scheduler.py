@@ -132,14 +132,20 @@ class SequenceHookScheduler(ParkingScheduler):
         model_runner_output: ModelRunnerOutput,
     ) -> dict[int, EngineCoreOutputs]:
         """Runs the stock update, then the hooks of the sampled tokens."""
-        # Finished requests leave `self.requests` in the stock update.
-        scheduled = {
+        coordinator = self.coordinator
+        # Finished members leave `self.requests` in the stock update.
+        members = {
             request_id: self.requests[request_id]
-            for request_id in scheduler_output.num_scheduled_tokens
-            if request_id in self.requests
-        }
+            for request_id in scheduler_output.num_scheduled_tokens if
+            coordinator.is_member(request_id) and request_id in self.requests
+        } if coordinator.num_members() else {}
         engine_outputs = super().update_from_output(scheduler_output,
                                                     model_runner_output)
+        if not (members or len(self.sample_trees)
+                or self._sampled_a_promise(engine_outputs)):
+            # No tree, no sample of an `n > 1` request, no promise: the
+            # stock outputs as they are (the hot path without hooks).
+            return engine_outputs
         self._outputs = {
             out.request_id: out
             for outputs in engine_outputs.values()
@@ -155,7 +161,8 @@ class SequenceHookScheduler(ParkingScheduler):
         try:
             for outputs in engine_outputs.values():
                 for out in list(outputs.outputs):
-                    request = scheduled.get(out.request_id)
+                    request = (members.get(out.request_id)
+                               or self.requests.get(out.request_id))
                     if request is not None:
                         self._on_output(request, out)
                 # Children never report to the frontend.
@@ -176,6 +183,13 @@ class SequenceHookScheduler(ParkingScheduler):
         finally:
             self._outputs, self._extra = {}, {}
         return engine_outputs
+
+    def _sampled_a_promise(
+            self, engine_outputs: dict[int, EngineCoreOutputs]) -> bool:
+        promise = self.special_kwargs.promise_token_id
+        return any(out.new_token_ids and out.new_token_ids[-1] == promise
+                   for outputs in engine_outputs.values()
+                   for out in outputs.outputs)
 
     def _on_output(self, request: Request, out: EngineCoreOutput) -> None:
         if out.finish_reason is None and request.is_finished():
