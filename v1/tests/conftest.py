@@ -45,8 +45,8 @@ def plain_llm(hooked_llm):
 
     A second V1 engine in the same process computes wrong logits (its
     greedy tokens differ from a lone engine's), so the reference runs on
-    the hooked engine, as `mytests/run_programs.py` does: each reference
-    segment ends at its `<sync>` as the request's last token, which
+    the hooked engine, as `sequence_hooks_testkit.run_programs` does: each
+    reference segment ends at its `<sync>` as the request's last token, which
     finishes it instead of parking it, so the parent's tokens are the
     plain engine's. Children its promises spawn are aborted with it.
     """

@@ -93,9 +93,8 @@ def demo_lines(python: Path, engine: str, tmp_path: Path) -> list[str]:
                             timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [
-        line for line in result.stdout.splitlines()
-        if line.strip() and not line.startswith("timeline")
-        and not LOG_LINE.match(line)
+        line for line in result.stdout.splitlines() if line.strip()
+        and not line.startswith("timeline") and not LOG_LINE.match(line)
     ]
     # V1 names a request "<id>-<suffix>" inside the engine.
     return [

@@ -18,7 +18,7 @@ from sequence_hooks_testkit.bench.timeline import (LANE_HEIGHT, draw_timeline,
 from sequence_hooks_testkit.training import expand_task as task
 from vllm import SamplingParams
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "demo.py"
 GROUPS = [["red", "cat", "dog", "sun", "moon"],
           ["fish", "big", "old", "new", "star"]]

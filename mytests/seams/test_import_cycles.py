@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""No import cycle among our own modules.
+
+Parses (never imports) every module of ours: the fork's modules (`vllm/`,
+at their upstream paths), the engine-neutral package (`common/`), the V1
+plugin (`v1/vllm_sequence_hooks`), the test kit with its subpackages
+(`testkit/`) and the scripts that import each other by name (`fork/`,
+`models/`, `models/research/`). Every import of one of them is an edge,
+wherever it stands: at module level, under `if TYPE_CHECKING:` or inside a
+function (an import deferred to dodge a cycle is still a cycle). Upstream
+vLLM's modules are not nodes, so only imports between ours count.
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# Folder -> the package in it, whose files are modules named from there.
+PACKAGES = {
+    ROOT: "vllm",
+    ROOT / "common": "sequence_hooks",
+    ROOT / "v1": "vllm_sequence_hooks",
+    ROOT / "testkit": "sequence_hooks_testkit",
+}
+# Folders of scripts that import each other as top-level modules.
+SCRIPT_FOLDERS = (ROOT / "fork", ROOT / "models", ROOT / "models" / "research")
+
+
+def our_modules() -> dict[str, Path]:
+    """Module name -> file, for every module of ours."""
+    modules = {}
+    for folder, package in PACKAGES.items():
+        for path in sorted((folder / package).rglob("*.py")):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    for folder in SCRIPT_FOLDERS:
+        for path in sorted(folder.glob("*.py")):
+            modules[path.stem] = path
+    return modules
+
+
+def imported(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ours that ``module``'s file imports, anywhere in it."""
+
+    def ours(name: str) -> str | None:
+        """``name`` or its longest prefix that is one of ours."""
+        parts = name.split(".")
+        while parts:
+            if ".".join(parts) in modules:
+                return ".".join(parts)
+            parts.pop()
+        return None
+
+    package = module.split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {ours(alias.name) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[:len(package) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                found.add(ours(f"{base}.{alias.name}") or ours(base))
+    return found - {None, module}
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = our_modules()
+    return {
+        module: imported(module, path, modules)
+        for module, path in modules.items()
+    }
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan),
+    each as one cycle through all of it, in import order."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [cycle_through(graph, set(c)) for c in components]
+
+
+def cycle_through(graph: dict[str, set[str]], component: set[str]) -> list:
+    """A path from the component's first module back to it, within it."""
+    start = min(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        node = frontier.pop(0)
+        for other in sorted(graph[node] & component):
+            if other == start:
+                return paths[node] + [start]
+            if other not in paths:
+                paths[other] = paths[node] + [other]
+                frontier.append(other)
+    raise AssertionError(f"no cycle through {start}")
+
+
+def test_the_graph_covers_every_root():
+    graph = import_graph()
+    for package in PACKAGES.values():
+        assert any(m.split(".")[0] == package for m in graph), package
+    scripts = {"build_fork", "prepare_base_model", "eval_real_model"}
+    assert scripts <= set(graph)
+    assert "capitals_task" in graph["eval_by_country"]
+
+
+def test_imports_of_every_kind_are_edges(tmp_path):
+    source = tmp_path / "__init__.py"
+    source.write_text("""
+from typing import TYPE_CHECKING
+import a.b.c
+from a import d
+from . import e
+from .f import name
+if TYPE_CHECKING:
+    from a.g import Name
+def later():
+    from a.h import name
+""")
+    edges = {"a.b", "a.d", "a.e", "a.f", "a.g", "a.h"}
+    assert imported("a", source, dict.fromkeys(edges | {"a"})) == edges
+
+
+def test_no_import_cycle_among_our_modules():
+    found = cycles(import_graph())
+    message = "\n".join(" -> ".join(cycle) for cycle in found)
+    assert not found, f"import cycles:\n{message}"
