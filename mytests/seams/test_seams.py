@@ -232,7 +232,7 @@ def function_source(relative_path: str, qualname: str) -> str:
 
 
 def test_engine_processes_the_scheduled_groups_in_order():
-    """`PromiseTreeCoordinator` tells whether a group was processed earlier
+    """`V0PromiseAdapter` tells whether a group was processed earlier
     in a step from its place in the scheduler's outputs: the engine must
     process them in that order, skip a group that is finished when its
     turn comes (no output), and make an output for every other processed

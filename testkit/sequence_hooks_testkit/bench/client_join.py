@@ -27,8 +27,8 @@ The join logic is transport-neutral: a transport sends a request and
 calls back with its new tokens. `EngineTransport` drives an in-process
 `LLMEngine` step by step (a child request is added right after the step
 that sampled its `<promise>`, as the hooks spawn it);
-`sequence_hooks_testkit.client_join_http` streams from an OpenAI-compatible
-server.
+`sequence_hooks_testkit.bench.client_join_http` streams from an
+OpenAI-compatible server.
 
 Not mirrored: stop strings, `min_tokens` (it would mask the `<sync>` stop
 token) and seeded sampling (the hooks derive a seed per child and resume;
