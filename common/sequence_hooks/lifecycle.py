@@ -33,7 +33,8 @@ when a request has `n > 1`), so ids are unique per engine.
 Seeds: a seeded request's child gets `derive_seed(parent seed,
 "child-<i>")`, i its index among its parent's children; a resume that
 re-creates its member's random generator (an engine that prefills merged
-tokens anew) gets `derive_seed(seed, "resume-<merges so far>")`.
+tokens anew) gets `derive_seed(seed, "resume-<k>")`, k the member's
+children merged so far, this merge's included.
 """
 
 import hashlib

@@ -1,0 +1,254 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""An engine with no model, for driving `PromiseCoordinator` in tests.
+
+`FakeEngine` implements `EngineAdapter` the simplest way an engine could:
+a member is the list of its whole context's token ids, a fork copies its
+parent's list, a park marks it, a resume appends. Every action the
+coordinator asks for is checked against the engine's state (no fork of a
+parked member, no abort of a finished one...) and recorded, so a test can
+compare what the engine was told with what the contract says.
+"""
+
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
+
+from sequence_hooks.lifecycle import (ChildSpec, MemberResult,
+                                      PromiseCoordinator, RequestParams,
+                                      Resume)
+from sequence_hooks.special_kwargs import SpecialKwargs
+from sequence_hooks.tree import PromiseNode, PromiseTreeState, TreeNode
+
+SYNC, PROMISE, ROLE = 1, 2, 3
+HOOK_STRINGS = {SYNC: "<sync>", PROMISE: "<promise>", ROLE: "<child>"}
+# Ordinary tokens are characters: id = OFFSET + code point.
+OFFSET = 100
+
+
+class FakeLogprob(NamedTuple):
+    """Stands in for vLLM's `Logprob`."""
+
+    logprob: float
+    rank: Optional[int] = None
+
+
+class CharTokenizer:
+    """One token per character; hook ids decode to their strings."""
+
+    def encode(self, text: str) -> list[int]:
+        # Text spelling a hook token stays characters, as the adapters'
+        # `encode` must keep it.
+        return [OFFSET + ord(char) for char in text]
+
+    def decode(self, token_ids: list[int], show_hooks: bool) -> str:
+        return "".join(
+            HOOK_STRINGS.get(token, "") if token < OFFSET else chr(token -
+                                                                   OFFSET)
+            for token in token_ids if token >= OFFSET or show_hooks)
+
+
+def special_kwargs(**limits) -> SpecialKwargs:
+    """The fake engine's hook configuration with ``limits``."""
+    return SpecialKwargs(sync_token_id=SYNC,
+                         promise_token_id=PROMISE,
+                         child_role_token_id=ROLE,
+                         **limits)
+
+
+def sampled_logprob(token: int, position: int) -> float:
+    """The logprob the fake model gives a sampled token."""
+    return -((token + position) % 7 + 1) / 8
+
+
+class CountingMetrics:
+    """`SequenceHookMetrics`' counters and gauges as plain numbers."""
+
+    class _Value:
+
+        def __init__(self):
+            self.value = 0.0
+
+        def inc(self, amount: float = 1.0):
+            self.value += amount
+
+        def dec(self, amount: float = 1.0):
+            self.value -= amount
+
+        def set(self, value: float):
+            self.value = value
+
+        def observe(self, value: float):
+            self.value += 1
+
+    def __init__(self):
+        self._values: dict[str, CountingMetrics._Value] = {}
+
+    def __getattr__(self, name: str) -> "CountingMetrics._Value":
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self._values.setdefault(name, CountingMetrics._Value())
+
+
+@dataclass
+class EngineMember:
+    """One running sequence as the fake engine holds it."""
+
+    tokens: list[int]
+    # Where its own tokens start (the engine's own bookkeeping).
+    start: int
+    # Per own token, its logprobs entry.
+    logprobs: list[dict] = field(default_factory=list)
+    parked: bool = False
+    # Finished by the engine, its finish not reported yet.
+    stopped: Optional[str] = None
+
+
+class FakeEngine:
+    """A model-free engine running promise trees through a coordinator.
+
+    Args:
+        limits: `SpecialKwargs` limits.
+        max_model_len: The longest sequence.
+        reseeds: What `resume` answers (whether a resume re-creates the
+            member's random generator, as the client join's does).
+        show_hooks: Whether members' texts show hook token strings (a
+            tokenizer where they are not special); False: the engine
+            reports no text and the coordinator decodes.
+    """
+
+    def __init__(self,
+                 limits: Optional[dict] = None,
+                 max_model_len: int = 64,
+                 reseeds: bool = False,
+                 show_hooks: bool = True):
+        self.tokenizer = CharTokenizer()
+        self.reseeds = reseeds
+        self.show_hooks = show_hooks
+        self.metrics = CountingMetrics()
+        self.coordinator = PromiseCoordinator(special_kwargs(**(limits or {})),
+                                              self,
+                                              max_model_len,
+                                              list(HOOK_STRINGS.values()),
+                                              metrics=self.metrics)
+        self.members: dict[str, EngineMember] = {}
+        self.params: dict[str, RequestParams] = {}
+        self.wants_logprobs: dict[str, bool] = {}
+        # Each live member's request (root) id.
+        self.request_of: dict[str, str] = {}
+        self.forks: list[ChildSpec] = []
+        self.resumes: list[tuple[str, Resume]] = []
+        self.aborts: list[list[str]] = []
+        self.reports: dict[str, PromiseNode] = {}
+        # Roots whose request finished with no tree: their own result.
+        self.plain_results: dict[str, MemberResult] = {}
+
+    # Driving the engine, as its scheduler would.
+
+    def add_request(self,
+                    request_id: str,
+                    prompt: list[int],
+                    params: RequestParams,
+                    logprobs: bool = False) -> None:
+        """A new request; ``logprobs``: whether it asks for them."""
+        assert request_id not in self.members
+        assert params.prompt_len == len(prompt)
+        self.members[request_id] = EngineMember(list(prompt), len(prompt))
+        self.params[request_id] = params
+        self.wants_logprobs[request_id] = logprobs
+        self.request_of[request_id] = request_id
+
+    def sample(self, member_id: str, token: int) -> None:
+        """``member_id`` samples ``token``; hook tokens are events."""
+        member = self.members[member_id]
+        assert not member.parked and member.stopped is None
+        member.logprobs.append({
+            token:
+            FakeLogprob(sampled_logprob(token, len(member.tokens)), 1)
+        })
+        member.tokens.append(token)
+        length = len(member.tokens)
+        if token == PROMISE:
+            self.coordinator.promise(member_id, length,
+                                     self.params[self.request_of[member_id]])
+        elif token == SYNC:
+            self.coordinator.sync(member_id, length)
+
+    def stop(self, member_id: str, reason: str) -> None:
+        """The engine finishes a member; its finish is reported later."""
+        member = self.members[member_id]
+        assert not member.parked and member.stopped is None
+        member.stopped = reason
+
+    def report(self, member_id: str) -> None:
+        """Reports a stopped member's finish to the coordinator."""
+        member = self.members.pop(member_id)
+        request_id = self.request_of.pop(member_id)
+        own = member.tokens[member.start:]
+        result = MemberResult(
+            own,
+            self.tokenizer.decode(own, True) if self.show_hooks else None,
+            list(member.logprobs) if self.wants_logprobs[request_id] else None)
+        if (member_id == request_id
+                and not self.coordinator.is_member(member_id)):
+            self.plain_results[member_id] = result
+        self.coordinator.finished(member_id, member.stopped, result)
+
+    def abort_request(self, request_id: str) -> None:
+        """A client aborts a request: the engine ends its root."""
+        self.members.pop(request_id)
+        self.request_of.pop(request_id)
+        self.coordinator.aborted(request_id)
+
+    def live(self) -> set[str]:
+        return set(self.members)
+
+    # EngineAdapter.
+
+    def new_tree(self, root_id: str) -> PromiseTreeState:
+        return PromiseTreeState(root=TreeNode(root_id))
+
+    def fork(self, child: ChildSpec) -> None:
+        parent = self.members[child.parent_id]
+        assert not parent.parked and parent.stopped is None
+        assert child.request_id not in self.members
+        tokens = parent.tokens + list(child.context_tokens)
+        self.members[child.request_id] = EngineMember(tokens, len(tokens))
+        self.request_of[child.request_id] = self.request_of[child.parent_id]
+        self.forks.append(child)
+
+    def park(self, member_id: str) -> None:
+        member = self.members[member_id]
+        assert not member.parked and member.stopped is None
+        member.parked = True
+
+    def resume(self, member_id: str, resume: Resume) -> bool:
+        member = self.members[member_id]
+        assert member.stopped is None
+        member.parked = False
+        member.tokens += resume.token_ids
+        member.logprobs += [{
+            token: FakeLogprob(resume.token_logprob)
+        } for token in resume.token_ids]
+        self.resumes.append((member_id, resume))
+        return self.reseeds
+
+    def abort(self, member_ids: list[str]) -> None:
+        for member_id in member_ids:
+            member = self.members.pop(member_id)
+            assert member.stopped is None, "aborted a finished member"
+            self.request_of.pop(member_id)
+        self.aborts.append(list(member_ids))
+
+    def engine_finished(self, member_id: str) -> bool:
+        member = self.members.get(member_id)
+        return member is not None and member.stopped is not None
+
+    def encode(self, member_id: str, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, member_id: str, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, False)
+
+    def report_tree(self, root_id: str, tree: PromiseTreeState) -> None:
+        assert root_id not in self.reports
+        self.reports[root_id] = tree.snapshot()
