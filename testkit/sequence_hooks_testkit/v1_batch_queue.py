@@ -49,6 +49,7 @@ def make_scheduler(scheduler_cls: type,
                    num_blocks: int = 1000,
                    max_num_seqs: int = 64,
                    max_model_len: int = 512,
+                   request_check: bool = True,
                    **config: Any):
     """A real V1 scheduler of ``scheduler_cls`` with no model behind it.
 
@@ -61,11 +62,18 @@ def make_scheduler(scheduler_cls: type,
         num_blocks: KV blocks in the pool.
         max_num_seqs: Requests scheduled at once.
         max_model_len: Longest sequence.
+        request_check: Whether `--logits-processors` names the hooks'
+            request check (with ``special_kwargs`` only).
         config: `VllmConfig` fields to set before the scheduler is made.
     """
-    model_config = ModelConfig(model=str(model_path),
-                               dtype="float32",
-                               max_model_len=max_model_len)
+    model_config = ModelConfig(
+        model=str(model_path),
+        dtype="float32",
+        max_model_len=max_model_len,
+        # The hooks' request check, as `hooked_engine_args` names it.
+        logits_processors=([
+            "vllm_sequence_hooks.admission:HookedRequestCheck"
+        ] if special_kwargs is not None and request_check else None))
     vllm_config = VllmConfig(
         model_config=model_config,
         cache_config=CacheConfig(block_size=block_size,

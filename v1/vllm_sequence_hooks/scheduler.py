@@ -15,7 +15,9 @@ V1 requests, with the KV mechanics of `parking`, the transport of
 
 from typing import Any, Optional
 
-from vllm_sequence_hooks.config import special_kwargs_of
+from vllm_sequence_hooks.admission import names_request_check
+from vllm_sequence_hooks.config import (REQUEST_CHECK, check_special_kwargs,
+                                        special_kwargs_of)
 from vllm_sequence_hooks.parking import ParkingScheduler
 from vllm_sequence_hooks.seams import check_vllm_version
 from vllm_sequence_hooks.stop_strings import StopStringChecks, frontend_text
@@ -80,14 +82,16 @@ class SequenceHookScheduler(ParkingScheduler):
                              "parallelism")
         self.tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
         try:
-            special_kwargs = special_kwargs_of(vllm_config).resolve(
-                self.tokenizer)
-            special_kwargs.check_vocab_size(
-                vllm_config.model_config.get_vocab_size())
-            special_kwargs.check_not_eos(
-                vllm_config.model_config.hf_config.eos_token_id)
+            special_kwargs = check_special_kwargs(
+                special_kwargs_of(vllm_config), vllm_config, self.tokenizer)
         except ValueError as e:
             raise ValueError(f"special_kwargs: {e}") from e
+        if not names_request_check(vllm_config):
+            raise ValueError(
+                f"sequence hooks need --logits-processors {REQUEST_CHECK} "
+                "(`hooked_engine_args` adds it): it refuses the requests "
+                "they cannot serve (structured outputs) before they reach "
+                "the engine")
         self.special_kwargs = special_kwargs
         # V0's `vllm:sequence_hook_*` metrics (docs/v1.md: how they reach
         # `/metrics` from the engine core's process).

@@ -77,6 +77,8 @@ _CHANNEL = ("V1's engine-core and request outputs get a free-form field "
             "for plugins' per-request data")
 _SAMPLES = ("the frontend tells the engine core a sample's request and "
             "index (an `EngineCoreRequest` field)")
+_ADMISSION = ("V1 lets a scheduler plugin refuse a request in the frontend, "
+              "with a reason")
 _STOP = ("upstream checks stop strings in the engine core, or reports the "
          "frontend's stop to the scheduler before the request's last output")
 
@@ -343,6 +345,27 @@ SEAMS: tuple[Seam, ...] = (
          "a sample's tree comes with its final output", _PUBLIC),
     Seam("vllm:RequestOutput.{outputs,kv_transfer_params}", "reads",
          "`promise_tree` reads the tree the engine core sent", _CHANNEL),
+    # The request check (`admission`).
+    Seam(
+        "vllm.v1.sample.logits_processor:LogitsProcessor", "subclasses",
+        "`HookedRequestCheck` is the hooks' request check: vLLM calls its "
+        "`validate_params` on every request in the frontend and builds it "
+        "in each worker before the model loads", _ADMISSION),
+    Seam("vllm.v1.sample.logits_processor:LogitsProcessor.validate_params",
+         "overrides", "structured outputs refused per request, before the "
+         "engine", _ADMISSION),
+    Seam(
+        "vllm.v1.sample.logits_processor:validate_logits_processors_parameters",
+        "relies on", "a `ValueError` of `validate_params` becomes vLLM's "
+        "`VLLMValidationError`: a 400 with its text", _ADMISSION),
+    Seam("vllm.v1.sample.logits_processor:BatchUpdate", "annotates",
+         "`update_state`'s parameter", _NEVER),
+    Seam("vllm.sampling_params:SamplingParams.structured_outputs", "reads",
+         "a request with structured outputs is refused", _PUBLIC),
+    Seam(
+        "vllm.config:ModelConfig.logits_processors", "reads",
+        "the scheduler refuses to start unless `--logits-processors` names "
+        "the request check", _PUBLIC),
     # Configuration.
     Seam(
         "vllm.config:VllmConfig.{additional_config,scheduler_config,"

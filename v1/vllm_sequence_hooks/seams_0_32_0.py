@@ -185,6 +185,22 @@ RECORD: dict[str, Expect] = {
     Expect("(self)"),
     "vllm:RequestOutput.{outputs,kv_transfer_params}":
     Expect(),
+    "vllm.v1.sample.logits_processor:LogitsProcessor":
+    Expect(defines=("__init__", "apply", "is_argmax_invariant", "update_state",
+                    "validate_params")),
+    "vllm.v1.sample.logits_processor:LogitsProcessor.validate_params":
+    Expect("(sampling_params)",
+           "408c0c5ad16622753cbd2930976bcc75c65f85873eb6bd35f85f04b45dd01542"),
+    ("vllm.v1.sample.logits_processor:"
+     "validate_logits_processors_parameters"):
+    Expect("(logits_processors, sampling_params)",
+           "7cf8e3b6fe1797966ab1e809306bfc743f45592761659e6eb636fb08457e3556"),
+    "vllm.v1.sample.logits_processor:BatchUpdate":
+    Expect(),
+    "vllm.sampling_params:SamplingParams.structured_outputs":
+    Expect(),
+    "vllm.config:ModelConfig.logits_processors":
+    Expect(),
     ("vllm.config:VllmConfig.{additional_config,scheduler_config"
      ",model_config,speculative_config}"):
     Expect(),

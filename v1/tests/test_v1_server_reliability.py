@@ -1,0 +1,173 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The hooked V1 server as an operator sees it, black-box: bad requests,
+clients that leave mid-stream and while their parent waits at a `<sync>`,
+32 and 64 streams at once on a KV pool too small for them. Whatever
+happens, the server stays up and, once idle, holds nothing: no request
+running or waiting, no KV block in use, no live child, no parked parent.
+"""
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+import requests
+
+from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
+                                              hooked_v1_server, metric,
+                                              scripted_body)
+
+# KV pool: 24 blocks of 32 tokens (V1's CPU attention takes multiples of
+# 32 only); one tree of the load grows to about 5, so 32 or 64 at once
+# preempt, park and evict.
+# (The CPU backend reserves --gpu-memory-utilization of the machine's
+# memory at start; the pool needs little.)
+POOL = ("--block-size", "32", "--num-gpu-blocks-override", "24",
+        "--max-num-seqs", "64", "--gpu-memory-utilization", "0.3")
+IDLE_TIMEOUT_S = 90
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tmp_path_factory):
+    with hooked_v1_server(tiny_model_path, tmp_path_factory.mktemp("serve"),
+                          POOL) as url:
+        yield url
+
+
+def held(url: str) -> dict[str, float]:
+    """What the server holds now, by the metric that shows it."""
+    return {
+        "requests running": metric(url, "num_requests_running", "vllm:"),
+        "requests waiting": metric(url, "num_requests_waiting", "vllm:"),
+        "KV usage": metric(url, "kv_cache_usage_perc", "vllm:"),
+        "children running": metric(url, "children_running"),
+        "parents parked": metric(url, "parents_parked"),
+    }
+
+
+def assert_idle_and_healthy(url: str, hook_ids, model_path) -> None:
+    """Polls until the server holds nothing, then serves a hooked request."""
+    deadline = time.monotonic() + IDLE_TIMEOUT_S
+    now = held(url)
+    while any(now.values()):
+        assert time.monotonic() < deadline, f"still held when idle: {now}"
+        time.sleep(0.5)
+        now = held(url)
+    assert requests.get(url + "/health", timeout=10).status_code == 200
+    answer = requests.post(url + "/v1/completions",
+                           json=scripted_body(tree_plans(hook_ids, 0),
+                                              hook_ids, model_path, False),
+                           timeout=REQUEST_TIMEOUT_S)
+    assert answer.status_code == 200
+    assert answer.json()["kv_transfer_params"]["promise_tree"]["children"]
+
+
+def tree_plans(hook_ids, index: int, long_children: bool = False) -> dict:
+    """A word, two promises, a sync, four words; children of 30-48 tokens,
+    which cross a block boundary as they decode (long ones: 150, so the
+    parent stays parked)."""
+    P, S = hook_ids.promise, hook_ids.sync
+    first = 150 if long_children else 30 + index % 9
+    second = 150 if long_children else 40 + index % 9
+    return {
+        (): [None, P, P, S] + [None] * 4,
+        (0, ): [None] * first,
+        (1, ): [None] * second,
+    }
+
+
+@pytest.mark.parametrize(
+    "request_body, status", [
+        ("{not json", 400),
+        (json.dumps({
+            "model": "no-such-model",
+            "prompt": "a"
+        }), 404),
+        (json.dumps({
+            "prompt": "a",
+            "max_tokens": -1
+        }), 400),
+        (json.dumps({
+            "prompt": "the " * 300,
+            "max_tokens": 4
+        }), 400),
+        (json.dumps({
+            "prompt": "a",
+            "n": 0
+        }), 400),
+    ],
+    ids=["bad-json", "unknown-model", "negative-max", "too-long", "n-zero"])
+def test_a_bad_request_gets_a_4xx_and_the_server_serves_on(
+        server, hook_ids, tiny_model_path, request_body, status):
+    if '"model"' not in request_body and request_body.startswith("{\""):
+        request_body = json.dumps({
+            "model": str(tiny_model_path),
+            **json.loads(request_body)
+        })
+    response = requests.post(server + "/v1/completions",
+                             data=request_body,
+                             headers={"Content-Type": "application/json"},
+                             timeout=REQUEST_TIMEOUT_S)
+    assert response.status_code == status, response.text
+    assert_idle_and_healthy(server, hook_ids, tiny_model_path)
+
+
+async def one_stream(client: httpx.AsyncClient, url: str, body: dict,
+                     leave_after: int) -> str:
+    """Streams one request; leaves after ``leave_after`` chunks (0: reads
+    to the end). Returns how it ended."""
+    chunks = 0
+    async with client.stream("POST", url + "/v1/completions",
+                             json=body) as response:
+        if response.status_code != 200:
+            return f"HTTP {response.status_code}"
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                return "done"
+            chunk = json.loads(line[len("data: "):])
+            if "error" in chunk:
+                return f"error {chunk['error']}"
+            chunks += 1
+            if leave_after and chunks >= leave_after:
+                return "left"
+    return "torn"
+
+
+@pytest.mark.parametrize("in_flight", [32, 64])
+def test_streams_that_leave_mid_stream_and_at_a_sync_leave_nothing(
+        server, hook_ids, tiny_model_path, in_flight):
+    """A quarter leave after two chunks (mid-stream), a quarter leave
+    while their parent is parked (children of 150 tokens), the rest read
+    to the end; all at once on the small pool."""
+
+    async def load() -> list[str]:
+        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S * 4) as client:
+            streams = []
+            for index in range(in_flight):
+                kind = index % 4
+                body = scripted_body(tree_plans(hook_ids, index, kind == 1),
+                                     hook_ids,
+                                     tiny_model_path,
+                                     True,
+                                     max_tokens=200)
+                streams.append(
+                    one_stream(client, server, body, {
+                        0: 2,
+                        1: 1
+                    }.get(kind, 0)))
+            return await asyncio.gather(*streams)
+
+    preempted = metric(server, "num_preemptions_total", "vllm:")
+    endings = asyncio.run(load())
+    # The pool was too small: members were preempted (or parked parents
+    # evicted, which preempts too).
+    assert metric(server, "num_preemptions_total", "vllm:") > preempted
+    expected = [
+        "left" if index % 4 in (0, 1) else "done" for index in range(in_flight)
+    ]
+    assert endings == expected
+    assert_idle_and_healthy(server, hook_ids, tiny_model_path)
