@@ -86,6 +86,18 @@ RECEIVERS = {
     },
     "config.py": {
         "vllm_config": "vllm.config:VllmConfig",
+        "model_config": "vllm.config:ModelConfig",
+    },
+    "admission.py": {
+        "vllm_config": "vllm.config:VllmConfig",
+        "vllm_config.model_config": "vllm.config:ModelConfig",
+        "vllm_config.scheduler_config": "vllm.config:SchedulerConfig",
+        "sampling_params": _PARAMS,
+    },
+    "ordering.py": {
+        "scheduler": _SCHED,
+        "request": _REQUEST,
+        "queue": "vllm.v1.core.sched.request_queue:FCFSRequestQueue",
     },
 }
 # The plugin's scheduler classes, by module.

@@ -79,16 +79,25 @@ class ParkingScheduler(Scheduler):
         self.num_waiting_for_streaming_input += 1
         self._enqueue_waiting_request(request)
 
-    def queue_fork(self, child: Request, parent: Request) -> None:
-        """Queues a new child ahead of new requests (it continues work
-        already admitted); its prefix hit is ``parent``'s computed
+    def queue_fork(self, child: Request, parent: Request, first: bool) -> None:
+        """Queues a new child; its prefix hit is ``parent``'s computed
         context: with async scheduling, less the positions of the steps in
-        flight, whose KV the child computes itself."""
+        flight, whose KV the child computes itself.
+
+        Args:
+            child: The child's request.
+            parent: Its parent's.
+            first: Whether it goes ahead of new requests (it continues
+                work already admitted), else where a new request goes.
+        """
         self.pending_forks[child.request_id] = (parent.request_id,
                                                 parent.num_computed_tokens -
                                                 parent.num_output_placeholders)
         self.requests[child.request_id] = child
-        self.waiting.prepend_request(child)
+        if first:
+            self.waiting.prepend_request(child)
+        else:
+            self.waiting.add_request(child)
 
     def requeue_evicted(self, request: Request) -> None:
         """A resumed parent that was evicted has no KV left: its resume is

@@ -18,6 +18,7 @@ from typing import Any, Optional
 from vllm_sequence_hooks.admission import names_request_check
 from vllm_sequence_hooks.config import (REQUEST_CHECK, check_special_kwargs,
                                         special_kwargs_of)
+from vllm_sequence_hooks.ordering import CriticalPathOrder
 from vllm_sequence_hooks.parking import ParkingScheduler
 from vllm_sequence_hooks.seams import check_vllm_version
 from vllm_sequence_hooks.stop_strings import StopStringChecks, frontend_text
@@ -101,6 +102,10 @@ class SequenceHookScheduler(ParkingScheduler):
             special_kwargs, self, self.max_model_len,
             self.tokenizer.convert_ids_to_tokens(
                 sorted(special_kwargs.hook_token_ids)), self.metrics)
+        # `critical_path_first`: the queues' order before each step.
+        self.order = (CriticalPathOrder(self.coordinator,
+                                        special_kwargs.max_steps_passed_over)
+                      if special_kwargs.critical_path_first else None)
         self.sample_trees = SampleTrees()
         self.stop_strings = StopStringChecks(self.tokenizer)
         # Live children's sampled tokens' logprobs (None where merged), if
@@ -118,6 +123,8 @@ class SequenceHookScheduler(ParkingScheduler):
     # ----------------------------------------------------------- scheduling
 
     def schedule(self, *args, **kwargs) -> SchedulerOutput:
+        if self.order is not None:
+            self.order.order(self)
         output = super().schedule(*args, **kwargs)
         self.metrics.kv_cache_usage.set(self.kv_cache_manager.usage)
         if self.computed_log is not None:
@@ -355,7 +362,7 @@ class SequenceHookScheduler(ParkingScheduler):
             self.child_logprobs[child.request_id] = []
         if child.stop:
             self.stop_strings.watch(request, len(context))
-        self.queue_fork(request, parent)
+        self.queue_fork(request, parent, first=self.order is not None)
 
     def park(self, member_id: str) -> None:
         super().park(self.requests[member_id])

@@ -192,6 +192,15 @@ SEAMS: tuple[Seam, ...] = (
         "calls", "a child continues admitted work: it goes first, as an "
         "evicted parent's recomputing resume does", _FORK),
     Seam(
+        "vllm.v1.core.sched.request_queue:FCFSRequestQueue.{clear,extend}",
+        "calls", "`critical_path_first`: an FCFS waiting queue (a deque) is "
+        "put in critical-path order in place before each step (`ordering`)",
+        "upstream V1 orders its queues by a plugin's key"),
+    Seam(
+        "vllm.v1.core.sched.request_queue:RequestQueue.add_request", "calls",
+        "with `critical_path_first` off, a child is queued where a new "
+        "request goes", _FORK),
+    Seam(
         "vllm.v1.core.sched.request_queue:RequestQueue.remove_request",
         "calls", "an evicted parent's resume is a new prefill, not a "
         "KV-holding request", _EVICT),

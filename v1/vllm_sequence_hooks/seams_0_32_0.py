@@ -78,6 +78,11 @@ RECORD: dict[str, Expect] = {
     Expect("(self)"),
     "vllm.v1.core.sched.request_queue:RequestQueue.prepend_request":
     Expect("(self, request)"),
+    ("vllm.v1.core.sched.request_queue:FCFSRequestQueue.{clear"
+     ",extend}"):
+    Expect(),
+    "vllm.v1.core.sched.request_queue:RequestQueue.add_request":
+    Expect("(self, request)"),
     "vllm.v1.core.sched.request_queue:RequestQueue.remove_request":
     Expect("(self, request)"),
     "vllm.v1.core.sched.output:SchedulerOutput.num_scheduled_tokens":

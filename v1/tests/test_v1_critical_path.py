@@ -1,0 +1,165 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""`critical_path_first` on V1, model-free: the real scheduler, driven as
+the engine core drives it (`v1_batch_queue`), two requests at a time
+(`max_num_seqs` = 2) with new requests queued behind a tree.
+
+With it on (the default), the child a parked parent waits for goes
+before new requests, so the tree finishes while the first new requests
+still run, and under KV pressure new requests are preempted before it;
+with it off, the stock order: the child waits behind every new request
+that arrived before it was promised. A new request passed over too often
+is overdue and ranks by arrival (the starvation bound).
+"""
+
+import pytest
+from vllm_sequence_hooks.ordering import CRITICAL, NEW, CriticalPathOrder
+from vllm_sequence_hooks.scheduler import SequenceHookScheduler
+
+from sequence_hooks_testkit.v1_batch_queue import (FILLER, BatchQueueDriver,
+                                                   make_request,
+                                                   make_scheduler)
+
+PLAIN_LEN = 30
+
+
+def sampler(hook_ids):
+    """"tree" promises at its first position, syncs at its second and ends
+    at its eighth; its child writes six tokens; the plain requests
+    ``PLAIN_LEN``."""
+
+    def sample(request_id: str, position: int) -> int:
+        if request_id == "tree":
+            return {
+                0: FILLER,
+                1: hook_ids.promise,
+                2: hook_ids.sync
+            }.get(position, hook_ids.eos if position >= 8 else FILLER)
+        if "/promise-" in request_id:
+            return hook_ids.eos if position >= 6 else FILLER
+        return hook_ids.eos if position >= PLAIN_LEN else FILLER
+
+    return sample
+
+
+def finish_order(tiny_model_path, hook_ids, critical_path_first: bool):
+    scheduler = make_scheduler(SequenceHookScheduler,
+                               tiny_model_path,
+                               False, {
+                                   "sync_token_id": hook_ids.sync,
+                                   "promise_token_id": hook_ids.promise,
+                                   "critical_path_first": critical_path_first
+                               },
+                               max_num_seqs=2)
+    driver = BatchQueueDriver(scheduler, sampler(hook_ids), depth=1)
+    for request_id in ["tree", "new-0", "new-1", "new-2", "new-3"]:
+        driver.add(
+            make_request(scheduler, request_id, [FILLER + 1] * 8, 64,
+                         hook_ids.eos))
+    driver.run()
+    assert scheduler.requests == {}
+    return [
+        request_id for request_id, _, reason in driver.outputs
+        if reason is not None
+    ]
+
+
+def test_the_tree_goes_before_new_requests(tiny_model_path, hook_ids):
+    order = finish_order(tiny_model_path, hook_ids, True)
+    # The child runs beside new-0 as soon as its parent parks; the parent
+    # resumes before new-1 is admitted.
+    assert order.index("tree") < order.index("new-0") < order.index("new-1")
+
+
+def test_off_the_child_waits_behind_new_requests(tiny_model_path, hook_ids):
+    order = finish_order(tiny_model_path, hook_ids, False)
+    assert order.index("new-1") < order.index("tree")
+
+
+def test_a_passed_over_request_is_overdue_after_the_bound(
+        tiny_model_path, hook_ids):
+    """The starvation bound: a new request passed over `bound` times ranks
+    with critical-path work, by arrival."""
+    scheduler = make_scheduler(SequenceHookScheduler,
+                               tiny_model_path,
+                               False, {
+                                   "sync_token_id": hook_ids.sync,
+                                   "promise_token_id": hook_ids.promise,
+                                   "max_steps_passed_over": 2
+                               },
+                               max_num_seqs=1)
+    driver = BatchQueueDriver(scheduler, sampler(hook_ids), depth=1)
+    driver.add(
+        make_request(scheduler, "tree", [FILLER + 1] * 8, 64, hook_ids.eos))
+    # The tree promises and parks; its child is queued.
+    while not scheduler.coordinator.num_parked():
+        driver.step()
+    late = make_request(scheduler, "new-0", [FILLER + 2] * 8, 64, hook_ids.eos)
+    driver.add(late)
+    order = scheduler.order
+    assert isinstance(order, CriticalPathOrder)
+    ranks = {
+        request.request_id: rank
+        for rank, request in order._sorted(scheduler, scheduler.waiting)
+    }
+    assert ranks == {"tree/promise-0": CRITICAL, "new-0": NEW}
+    order.steps_passed_over["new-0"] = 2
+    assert [
+        request.request_id
+        for _, request in order._sorted(scheduler, scheduler.waiting)
+    ] == ["tree/promise-0", "new-0"]
+    # Overdue now, but it arrived after the tree: the tree still goes
+    # first; an overdue request that arrived first would not wait.
+    late.arrival_time = scheduler.requests["tree"].arrival_time - 1
+    assert [
+        request.request_id
+        for _, request in order._sorted(scheduler, scheduler.waiting)
+    ] == ["new-0", "tree/promise-0"]
+
+
+@pytest.mark.parametrize("critical_path_first", [True, False])
+def test_every_request_finishes_either_way(tiny_model_path, hook_ids,
+                                           critical_path_first):
+    order = finish_order(tiny_model_path, hook_ids, critical_path_first)
+    assert sorted(order) == ["new-0", "new-1", "new-2", "new-3", "tree"]
+
+
+def test_critical_path_work_is_preempted_last(tiny_model_path, hook_ids,
+                                              monkeypatch):
+    """A pool too small for the tree's child and three new requests: the
+    scheduler preempts from the back of its running list, which the order
+    puts the child at the front of (it was admitted last)."""
+    scheduler = make_scheduler(SequenceHookScheduler,
+                               tiny_model_path,
+                               False, {
+                                   "sync_token_id": hook_ids.sync,
+                                   "promise_token_id": hook_ids.promise,
+                               },
+                               num_blocks=12,
+                               max_num_seqs=4)
+    preempted = []
+    preempt = scheduler._preempt_request
+
+    def recording(request, *args, **kwargs):
+        preempted.append(request.request_id)
+        return preempt(request, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "_preempt_request", recording)
+
+    def sample(request_id: str, position: int) -> int:
+        if request_id == "tree":
+            return {
+                1: hook_ids.promise,
+                2: hook_ids.sync
+            }.get(position, hook_ids.eos if position >= 8 else FILLER)
+        return hook_ids.eos if position >= 40 else FILLER
+
+    driver = BatchQueueDriver(scheduler, sample, depth=1)
+    for request_id in ["tree", "new-0", "new-1", "new-2"]:
+        driver.add(
+            make_request(scheduler, request_id, [FILLER + 1] * 8, 64,
+                         hook_ids.eos))
+    driver.run()
+    assert preempted, "the pool was large enough: nothing was preempted"
+    assert "tree/promise-0" not in preempted
+    assert scheduler.requests == {}
