@@ -23,6 +23,7 @@ only one form gets right, with a sign test. Prints a JSON report.
 Usage: .venv/bin/python models/research/eval_real_model.py [--tasks 56]
     [--seeds 1000 3000 4000] [--confusable]
     [--model CHECKPOINT | --delta DIR]
+    .venv-v1/bin/python models/research/eval_real_model.py --engine v1 ...
 """
 
 import argparse
@@ -48,29 +49,45 @@ MAX_TOKENS = 320
 BATCH = 28
 
 
-def load(model: Path, hooks: bool = True):
+def load(model: Path, hooks: bool = True, engine: str = "v0"):
     """A real-model engine as the model card measures it: fp32, eager.
 
     Args:
         model: A checkpoint folder.
         hooks: Whether `<promise>`/`<sync>`/`<child>` act as hooks.
+        engine: "v0" (the fork, in .venv) or "v1" (stock vLLM with the
+            plugin, in .venv-v1).
 
     Returns:
         The `LLM`.
     """
-    os.environ.setdefault("VLLM_USE_V1", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
+    engine_args = dict(model=str(model),
+                       max_model_len=MAX_MODEL_LEN,
+                       enforce_eager=True,
+                       dtype="float32",
+                       seed=0)
+    special = dict(sync_token=task.SYNC,
+                   promise_token=task.PROMISE,
+                   child_role_token=task.CHILD)
+    if engine == "v1":
+        from vllm_sequence_hooks import hooked_engine_args
+        return LLM(**engine_args,
+                   **(hooked_engine_args(special) if hooks else {}))
+    os.environ.setdefault("VLLM_USE_V1", "0")
     from vllm.config import SpecialKwargs
-    special = SpecialKwargs(sync_token=task.SYNC,
-                            promise_token=task.PROMISE,
-                            child_role_token=task.CHILD) if hooks else None
-    return LLM(model=str(model),
-               max_model_len=MAX_MODEL_LEN,
-               enforce_eager=True,
-               dtype="float32",
-               seed=0,
-               special_kwargs=special)
+    return LLM(**engine_args,
+               special_kwargs=SpecialKwargs(**special) if hooks else None)
+
+
+def tree_of(output):
+    """A request's promise tree on either engine (None if it has none)."""
+    tree = getattr(output, "promise_tree", None)
+    if tree is None and getattr(output, "kv_transfer_params", None):
+        from vllm_sequence_hooks import promise_tree
+        tree = promise_tree(output)
+    return tree
 
 
 def chat_prompt(llm, messages: list[dict]) -> dict:
@@ -141,8 +158,8 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         solved += all(right)
         said = task.sentences_correct(t, text)
         sentences += sum(said)
-        children = (output.promise_tree.children
-                    if output.promise_tree else [])
+        tree = tree_of(output)
+        children = tree.children if tree else []
         spawned += len(children) == len(t.countries)
         # A text that ends at the token limit (a sentence repeated over
         # and over, as a rule) has no conclusion.
@@ -344,6 +361,12 @@ def main() -> None:
                         help="a delta folder as the training script writes "
                         "it, merged into the base first (default: the "
                         "committed one)")
+    parser.add_argument("--engine",
+                        choices=("v0", "v1"),
+                        default="v0",
+                        help="v1: stock vLLM with the plugin (run it with "
+                        ".venv-v1/bin/python); the two forms only, the "
+                        "base's row is the engine's own")
     args = parser.parse_args()
     tasks = [
         t for seed in args.seeds
@@ -353,9 +376,11 @@ def main() -> None:
     model = (
         Path(args.model) if args.model else
         prepare.merge_delta(Path(args.delta) if args.delta else prepare.DELTA))
-    llm = load(model)
+    llm = load(model, engine=args.engine)
     report = {
         "model": model.name,
+        "engine": args.engine,
+        "kv_block_size": llm.llm_engine.vllm_config.cache_config.block_size,
         # What the tasks are drawn with (`held_out_tasks`).
         "seeds": args.seeds,
         "tasks_per_seed": args.tasks,
@@ -369,6 +394,9 @@ def main() -> None:
     del llm
     import gc
     gc.collect()
+    if args.engine == "v1":
+        print(json.dumps(report, indent=2))
+        return
     report["base"] = run_base(load(prepare.prepare_base(), hooks=False), tasks)
     print(json.dumps(report, indent=2))
 

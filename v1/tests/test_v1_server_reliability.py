@@ -19,13 +19,13 @@ from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
                                               hooked_v1_server, metric,
                                               scripted_body)
 
-# KV pool: 24 blocks of 32 tokens (V1's CPU attention takes multiples of
+# KV pool: 16 blocks of 32 tokens (V1's CPU attention takes multiples of
 # 32 only); one tree of the load grows to about 5, so 32 or 64 at once
-# preempt, park and evict.
+# wait for blocks, are preempted, park and are evicted.
 # (The CPU backend reserves --gpu-memory-utilization of the machine's
 # memory at start; the pool needs little.)
-POOL = ("--block-size", "32", "--num-gpu-blocks-override", "24",
-        "--max-num-seqs", "64", "--gpu-memory-utilization", "0.3")
+POOL = ("--block-size", "32", "--num-gpu-blocks-override", "16",
+        "--max-num-seqs", "256", "--gpu-memory-utilization", "0.3")
 IDLE_TIMEOUT_S = 90
 
 
@@ -161,11 +161,29 @@ def test_streams_that_leave_mid_stream_and_at_a_sync_leave_nothing(
                     }.get(kind, 0)))
             return await asyncio.gather(*streams)
 
-    preempted = metric(server, "num_preemptions_total", "vllm:")
-    endings = asyncio.run(load())
-    # The pool was too small: members were preempted (or parked parents
-    # evicted, which preempts too).
-    assert metric(server, "num_preemptions_total", "vllm:") > preempted
+    peaks = {"waiting": 0.0, "KV usage": 0.0}
+
+    async def watch(done: asyncio.Event) -> None:
+        """The peaks of the waiting queue and the KV usage, meanwhile."""
+        while not done.is_set():
+            now = await asyncio.to_thread(held, server)
+            peaks["waiting"] = max(peaks["waiting"], now["requests waiting"])
+            peaks["KV usage"] = max(peaks["KV usage"], now["KV usage"])
+            await asyncio.sleep(0.2)
+
+    async def load_watched() -> list[str]:
+        done = asyncio.Event()
+        watcher = asyncio.create_task(watch(done))
+        try:
+            return await load()
+        finally:
+            done.set()
+            await watcher
+
+    endings = asyncio.run(load_watched())
+    # The pool was the limit: requests waited for blocks (`max_num_seqs`
+    # is far above the members) while the pool was full.
+    assert peaks["waiting"] > 0 and peaks["KV usage"] > 0.8, peaks
     expected = [
         "left" if index % 4 in (0, 1) else "done" for index in range(in_flight)
     ]

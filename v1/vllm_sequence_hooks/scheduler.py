@@ -81,6 +81,14 @@ class SequenceHookScheduler(ParkingScheduler):
         if self.use_pp:
             raise ValueError("sequence hooks do not support pipeline "
                              "parallelism")
+        if vllm_config.parallel_config.data_parallel_size > 1:
+            # The frontend spreads an `n > 1` request's samples over the
+            # engines; each engine core sees only its own samples' trees.
+            raise ValueError(
+                "sequence hooks do not support data parallelism: the "
+                "samples of an n > 1 request would run on different "
+                "engines, which cannot join their trees; run one hooked "
+                "server per replica behind a load balancer instead")
         self.tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
         try:
             special_kwargs = check_special_kwargs(

@@ -378,10 +378,14 @@ SEAMS: tuple[Seam, ...] = (
     # Configuration.
     Seam(
         "vllm.config:VllmConfig.{additional_config,scheduler_config,"
-        "model_config,speculative_config}", "reads",
+        "model_config,speculative_config,parallel_config}", "reads",
         "`special_kwargs` in `additional_config`; the scheduler's and the "
         "model's configuration; speculative decoding refused (a hook acts "
-        "on one sampled token a step)", _PUBLIC),
+        "on one sampled token a step); data parallelism refused", _PUBLIC),
+    Seam(
+        "vllm.config:ParallelConfig.data_parallel_size", "reads",
+        "refused above 1: an `n > 1` request's samples would run on "
+        "different engines, which cannot join their trees", _SAMPLES),
     Seam(
         "vllm.config:SchedulerConfig.{scheduler_cls,async_scheduling}",
         "reads", "`--scheduler-cls` names the plugin; async scheduling picks "

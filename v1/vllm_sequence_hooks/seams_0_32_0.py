@@ -207,7 +207,9 @@ RECORD: dict[str, Expect] = {
     "vllm.config:ModelConfig.logits_processors":
     Expect(),
     ("vllm.config:VllmConfig.{additional_config,scheduler_config"
-     ",model_config,speculative_config}"):
+     ",model_config,speculative_config,parallel_config}"):
+    Expect(),
+    "vllm.config:ParallelConfig.data_parallel_size":
     Expect(),
     "vllm.config:SchedulerConfig.{scheduler_cls,async_scheduling}":
     Expect(),
