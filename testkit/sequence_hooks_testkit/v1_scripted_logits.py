@@ -16,7 +16,9 @@ back to the model runner as a fresh copy when it resumes.
 import functools
 import itertools
 import json
+import os
 import random
+import time
 from typing import Any, Optional
 
 import torch
@@ -29,6 +31,8 @@ from vllm.v1.sample.logits_processor import (BatchUpdate, LogitsProcessor,
 SCRIPT_KEY = "scripted_hooks"
 # Key of `SamplingParams.extra_args` that holds a random policy (the fuzz).
 POLICY_KEY = "random_hooks"
+# Environment variable: seconds `StepDelayV1` adds to each engine step.
+STEP_DELAY_ENV = "SEQHOOK_TEST_STEP_DELAY_S"
 # Names each script's request (progress is kept per request and role).
 _nonces = itertools.count()
 
@@ -167,4 +171,26 @@ class RandomHooksV1(RowsByExtraArg):
                 functools.partial(rng.choice, policy["words"]))
             logits[index].fill_(-float("inf"))
             logits[index, token_id] = 0.0
+        return logits
+
+
+class StepDelayV1(LogitsProcessor):
+    """Makes each engine step with requests last ``STEP_DELAY_ENV``
+    seconds longer (a slow model), so streams are still running when a
+    test acts on them. Leaves logits alone."""
+
+    def __init__(self, vllm_config, device: torch.device,
+                 is_pin_memory: bool) -> None:
+        self.delay = float(os.environ.get(STEP_DELAY_ENV, "0"))
+
+    def is_argmax_invariant(self) -> bool:
+        # V1 skips argmax-invariant processors for greedy batches.
+        return False
+
+    def update_state(self, batch_update: Optional[BatchUpdate]) -> None:
+        pass
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.delay and logits.shape[0]:
+            time.sleep(self.delay)
         return logits

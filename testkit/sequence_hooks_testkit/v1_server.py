@@ -2,10 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`vllm serve` (V1) with the plugin on the tiny model, for the V1 tests.
 
-The server runs on 127.0.0.1 with the hook scheduler, the hooks' request
-check and the scripted logits processor, so each request carries its
-script as JSON in `vllm_xargs` (`scripted_body`); the hooks' metrics reach
-`/metrics` through prometheus' multiprocess mode.
+The server runs on 127.0.0.1 as docs/v1.md serves the plugin (the hook
+scheduler, the hooks' request check, the shutdown middleware) with the
+scripted logits processor, so each request carries its script as JSON in
+`vllm_xargs` (`scripted_body`), and a step delay for tests that need
+streams still running; the hooks' metrics reach `/metrics` through
+prometheus' multiprocess mode.
 """
 
 import json
@@ -22,7 +24,9 @@ import requests
 
 from sequence_hooks_testkit.server import wait_healthy
 from sequence_hooks_testkit.v1_engines import MASKED_IDS
-from sequence_hooks_testkit.v1_scripted_logits import SCRIPT_KEY, make_script
+from sequence_hooks_testkit.v1_scripted_logits import (SCRIPT_KEY,
+                                                       STEP_DELAY_ENV,
+                                                       make_script)
 
 # Server start (engine core in its own process) and one request's bounds.
 START_TIMEOUT_S = 240
@@ -63,6 +67,11 @@ def serve_command(model_path: Path, port: int,
         "float32",
         "--seed",
         "0",
+        # The CPU backend refuses to start unless this share of the
+        # machine's memory is free (0.92 by default); the tiny model needs
+        # little, and tests run beside other servers.
+        "--gpu-memory-utilization",
+        "0.05",
         "--scheduler-cls",
         "vllm_sequence_hooks.scheduler.SequenceHookScheduler",
         "--additional-config",
@@ -70,8 +79,52 @@ def serve_command(model_path: Path, port: int,
         "--logits-processors",
         "vllm_sequence_hooks.admission:HookedRequestCheck",
         "sequence_hooks_testkit.v1_scripted_logits:ScriptedHooksV1",
+        "sequence_hooks_testkit.v1_scripted_logits:StepDelayV1",
+        "--middleware",
+        "vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown",
         *extra_args,
     ]
+
+
+def start_hooked_v1_server(
+        model_path: Path,
+        work_dir: Path,
+        extra_args: tuple[str, ...] = (),
+        step_delay_s: float = 0.0) -> tuple[subprocess.Popen, str]:
+    """Starts a hooked server in its own process group and waits until it
+    is healthy.
+
+    Args:
+        model_path: The tiny model's folder.
+        work_dir: An empty folder for the log and the metrics' files.
+        extra_args: More `vllm serve` arguments.
+        step_delay_s: Seconds added to each engine step (`StepDelayV1`).
+
+    Returns:
+        The server's process and its base URL.
+    """
+    port = free_port()
+    metrics_dir = work_dir / "prometheus"
+    metrics_dir.mkdir()
+    env = dict(os.environ,
+               VLLM_ENABLE_V1_MULTIPROCESSING="1",
+               PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+    env[STEP_DELAY_ENV] = str(step_delay_s)
+    log_path = work_dir / "server.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(serve_command(model_path, port, extra_args),
+                                   env=env,
+                                   stdout=log,
+                                   stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(process, url, log_path, START_TIMEOUT_S)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    return process, url
 
 
 @contextmanager
@@ -86,21 +139,8 @@ def hooked_v1_server(
         work_dir: An empty folder for the log and the metrics' files.
         extra_args: More `vllm serve` arguments.
     """
-    port = free_port()
-    metrics_dir = work_dir / "prometheus"
-    metrics_dir.mkdir()
-    env = dict(os.environ,
-               VLLM_ENABLE_V1_MULTIPROCESSING="1",
-               PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
-    log_path = work_dir / "server.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(serve_command(model_path, port, extra_args),
-                                   env=env,
-                                   stdout=log,
-                                   stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    process, url = start_hooked_v1_server(model_path, work_dir, extra_args)
     try:
-        wait_healthy(process, url, log_path, START_TIMEOUT_S)
         yield url
     finally:
         process.terminate()

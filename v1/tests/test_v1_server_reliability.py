@@ -22,10 +22,8 @@ from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
 # KV pool: 16 blocks of 32 tokens (V1's CPU attention takes multiples of
 # 32 only); one tree of the load grows to about 5, so 32 or 64 at once
 # wait for blocks, are preempted, park and are evicted.
-# (The CPU backend reserves --gpu-memory-utilization of the machine's
-# memory at start; the pool needs little.)
 POOL = ("--block-size", "32", "--num-gpu-blocks-override", "16",
-        "--max-num-seqs", "256", "--gpu-memory-utilization", "0.3")
+        "--max-num-seqs", "256")
 IDLE_TIMEOUT_S = 90
 
 

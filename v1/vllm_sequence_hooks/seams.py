@@ -79,6 +79,8 @@ _SAMPLES = ("the frontend tells the engine core a sample's request and "
             "index (an `EngineCoreRequest` field)")
 _ADMISSION = ("V1 lets a scheduler plugin refuse a request in the frontend, "
               "with a reason")
+_SHUTDOWN = ("upstream's shutdown gives every open request a final output "
+             "before uvicorn waits for their streams")
 _STOP = ("upstream checks stop strings in the engine core, or reports the "
          "frontend's stop to the scheduler before the request's last output")
 
@@ -375,6 +377,25 @@ SEAMS: tuple[Seam, ...] = (
         "vllm.config:ModelConfig.logits_processors", "reads",
         "the scheduler refuses to start unless `--logits-processors` names "
         "the request check", _PUBLIC),
+    # Shutdown (`shutdown`, ASGI middleware of the API server).
+    Seam(
+        "vllm.entrypoints.launchers.launcher:serve_http", "relies on",
+        "on SIGTERM it stops the engine client before uvicorn, whose "
+        "graceful shutdown waits for open streams; it puts uvicorn's "
+        "server in `app.state.server`", _SHUTDOWN),
+    Seam(
+        "vllm.v1.engine.async_llm:AsyncLLM.shutdown", "relies on",
+        "stopping the engine core may leave every request without a final "
+        "output (a race with the output handler's cancel)", _SHUTDOWN),
+    Seam("vllm.v1.engine.async_llm:AsyncLLM.{errored,output_processor}",
+         "reads", "the engine client is dead; the requests the frontend "
+         "holds", _SHUTDOWN),
+    Seam("vllm.v1.engine.output_processor:OutputProcessor.request_states",
+         "reads", "the open requests, by id", _SHUTDOWN),
+    Seam(
+        "vllm.v1.engine.output_processor:OutputProcessor.abort_requests",
+        "calls", "ends each open request's stream with finish reason "
+        "`abort`, as a client's abort does", _SHUTDOWN),
     # Configuration.
     Seam(
         "vllm.config:VllmConfig.{additional_config,scheduler_config,"

@@ -206,6 +206,18 @@ RECORD: dict[str, Expect] = {
     Expect(),
     "vllm.config:ModelConfig.logits_processors":
     Expect(),
+    "vllm.entrypoints.launchers.launcher:serve_http":
+    Expect("(app, sock, enable_ssl_refresh=, peer_loads=, **uvicorn_kwargs)",
+           "f471b91743318731b51c325292f51b46167f798c86f1082b62bf045bc3886e0b"),
+    "vllm.v1.engine.async_llm:AsyncLLM.shutdown":
+    Expect("(self, timeout=)",
+           "bdbf42b739a6731d6553b015cc04bd2abeb907b5d0ae42ef19e75497f4b3745d"),
+    "vllm.v1.engine.async_llm:AsyncLLM.{errored,output_processor}":
+    Expect(),
+    "vllm.v1.engine.output_processor:OutputProcessor.request_states":
+    Expect(),
+    "vllm.v1.engine.output_processor:OutputProcessor.abort_requests":
+    Expect("(self, request_ids, internal)"),
     ("vllm.config:VllmConfig.{additional_config,scheduler_config"
      ",model_config,speculative_config,parallel_config}"):
     Expect(),
