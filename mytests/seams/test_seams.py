@@ -101,6 +101,10 @@ PATCHED_FUNCTIONS = {
             "reasoning_backend", "model_config"
         ],
     },
+    # hardening/0004
+    "vllm/engine/multiprocessing/client.py": {
+        "MQLLMEngineClient.close": ["self"],
+    },
 }
 
 
@@ -222,10 +226,11 @@ def function_source(relative_path: str, qualname: str) -> str:
     """A pristine upstream function's source, whitespace folded."""
     source = (build_fork.pristine_tree("cpu") / relative_path).read_text()
     class_name, name = qualname.split(".")
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef) and node.name == class_name:
             for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == name:
+                if isinstance(item, functions) and item.name == name:
                     return " ".join(
                         ast.get_source_segment(source, item).split())
     raise AssertionError(f"upstream {relative_path} lost {qualname}")
@@ -253,3 +258,21 @@ def test_engine_processes_the_scheduled_groups_in_order():
             "self.seq_id_to_seq_group, use_cache=self.use_cached_outputs)",
     ]:
         assert step in loop, f"LLMEngine._process_model_outputs: {step!r}"
+
+
+def test_client_requests_end_on_an_error_in_their_queue():
+    """hardening/0004 ends every open request at shutdown by putting an
+    error into its output queue and marking the client errored: a request
+    must raise what it finds in its queue, not send its abort when the
+    client is errored, and leave its queue on the way out."""
+    request = function_source("vllm/engine/multiprocessing/client.py",
+                              "MQLLMEngineClient._process_request")
+    for step in [
+            "self.output_queues[request_id] = queue",
+            "request_output = await queue.get() if isinstance("
+            "request_output, BaseException): raise request_output",
+            "if not finished and not self.errored: "
+            "await self.abort(request_id)",
+            "finally: self.output_queues.pop(request_id)",
+    ]:
+        assert step in request, f"MQLLMEngineClient._process_request: {step!r}"

@@ -9,8 +9,12 @@ leaves the step to the model (greedy, with hook tokens and EOS masked); a
 plan that runs out forces EOS. Children inherit the processor through
 `SamplingParams.clone`, and each sequence works out its role from its own
 output tokens: the `<child>` role markers and the promises before them.
+`SlowScriptedHooks` also paces the engine (a minimum time per step), so
+that requests are still running when a test acts on the server.
 """
 
+import copy
+import time
 from collections.abc import Sequence
 from typing import Optional
 
@@ -119,3 +123,54 @@ def from_role_plans(role_plans: list,
                          masked_ids,
                          role=None if role is None else tuple(role),
                          step=step)
+
+
+class SlowScriptedHooks(ScriptedHooks):
+    """`ScriptedHooks` that make each engine step last ``step_seconds``.
+
+    Each sequence's calls (one an engine step) are at least
+    ``step_seconds`` apart: the first sequence of a step sleeps out the
+    rest, and the others of that step find their time already up. So a
+    plan of N free tokens keeps its sequence (and its request's stream)
+    in flight for N * ``step_seconds`` or more, however many sequences
+    share the steps (the shutdown tests).
+
+    Args:
+        step_seconds: The least time between two steps of a sequence.
+        Others: as `ScriptedHooks`.
+    """
+
+    def __init__(self, *args, step_seconds: float, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.step_seconds = step_seconds
+        self.last_call = 0.0
+
+    def clone(self) -> "SlowScriptedHooks":
+        # Every attribute as the base class's clone keeps it, plus the pace.
+        return copy.copy(self)
+
+    def __call__(self, output_ids: list[int],
+                 logits: torch.Tensor) -> torch.Tensor:
+        wait = self.last_call + self.step_seconds - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        self.last_call = time.monotonic()
+        return super().__call__(output_ids, logits)
+
+
+def slow_from_role_plans(step_seconds: float, **kwargs) -> SlowScriptedHooks:
+    """Builds `SlowScriptedHooks` from JSON-friendly arguments.
+
+    Args:
+        step_seconds: The least time between two steps of a sequence.
+        kwargs: As `from_role_plans`.
+    """
+    plain = from_role_plans(**kwargs)
+    return SlowScriptedHooks(plain.plans,
+                             plain.promise_id,
+                             plain.child_id,
+                             plain.eos_id,
+                             plain.masked_ids,
+                             role=plain.fixed_role,
+                             step=plain.step,
+                             step_seconds=step_seconds)

@@ -152,7 +152,11 @@ def metric(base: str, name: str, model: str) -> float:
     raise AssertionError(f"{name} not on /metrics")
 
 
-def scripted_request_body(plans, ids, role=None, step: int = 0) -> dict:
+def scripted_request_body(plans,
+                          ids,
+                          role=None,
+                          step: int = 0,
+                          step_seconds: Optional[float] = None) -> dict:
     """The request-body field that forces a promise/sync program.
 
     Args:
@@ -162,13 +166,17 @@ def scripted_request_body(plans, ids, role=None, step: int = 0) -> dict:
             sequence's segment (the client-side join); None on a hooked
             server, where each sequence finds its own.
         step: The plan step a fixed role starts at.
+        step_seconds: If given, each engine step running the request lasts
+            that long at least (`scripted_hooks.SlowScriptedHooks`).
     """
-    fixed = {} if role is None else {"role": list(role), "step": step}
+    options = {} if role is None else {"role": list(role), "step": step}
+    builder = "from_role_plans"
+    if step_seconds is not None:
+        builder = "slow_from_role_plans"
+        options["step_seconds"] = step_seconds
     return {
         "logits_processors": [{
-            "qualname":
-            "sequence_hooks_testkit.scripted_hooks."
-            "from_role_plans",
+            "qualname": f"sequence_hooks_testkit.scripted_hooks.{builder}",
             "kwargs": {
                 "role_plans":
                 [[list(role), plan] for role, plan in plans.items()],
@@ -176,7 +184,7 @@ def scripted_request_body(plans, ids, role=None, step: int = 0) -> dict:
                 "child_id": ids.child,
                 "eos_id": ids.eos,
                 "masked_ids": list(range(len(SPECIAL_TOKENS))),
-                **fixed,
+                **options,
             },
         }]
     }

@@ -1,0 +1,223 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""SIGTERM stops `vllm serve` (V0) with streams in flight (hardening/0004).
+
+Each case starts its own hooked server on the tiny model, in a session of
+its own (so the server's process group holds it, its engine process and
+their helpers), and opens N streamed completions whose parents promise and
+sync at once (parked) while their children write 200 tokens, each engine
+step lasting 50 ms (`scripted_hooks.SlowScriptedHooks`): every stream is
+still running when SIGTERM reaches the server's main process. The server
+must exit 0 within EXIT_BOUND_S, every stream must end with a final event
+(an error object or a finish reason) and `data: [DONE]`, never a torn
+connection, and no live process of the group may be left. Stock vLLM
+0.9.2 never exits here: uvicorn waits for the connections to close, and
+the requests behind them wait for outputs that will never come.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import pytest
+
+from sequence_hooks_testkit.server import (free_port, metric,
+                                           scripted_request_body,
+                                           serve_command, server_env,
+                                           wait_healthy)
+
+# The documented bound (docs/serving.md, Shutdown) on the time from SIGTERM
+# to the server's exit: the engine process's join (4 s, then kill) and the
+# HTTP server's shutdown.
+EXIT_BOUND_S = 10.0
+# Each engine step lasts this long at least while the requests run.
+STEP_SECONDS = 0.05
+CHILD_TOKENS = 200
+# The engine's helpers (multiprocessing's resource tracker) leave when the
+# main process has gone; this long is allowed for it.
+GROUP_GRACE_S = 2.0
+STREAM_START_S = 45.0
+
+
+class Stream(threading.Thread):
+    """One streamed /v1/completions request; records how it ended."""
+
+    def __init__(self, url: str, body: dict):
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.events = 0
+        self.finish_reason: Optional[str] = None
+        self.error: Optional[dict] = None
+        self.done = False
+        self.exception: Optional[Exception] = None
+
+    def run(self):
+        try:
+            with httpx.stream("POST", self.url, json=self.body,
+                              timeout=60) as response:
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    if line == "data: [DONE]":
+                        self.done = True
+                    elif line.startswith("data: "):
+                        event = json.loads(line[len("data: "):])
+                        self.events += 1
+                        self.error = event.get("error", self.error)
+                        for choice in event.get("choices", ()):
+                            self.finish_reason = (choice.get("finish_reason")
+                                                  or self.finish_reason)
+        except Exception as e:  # a torn connection, above all
+            self.exception = e
+
+    def outcome(self) -> str:
+        """How the stream ended, in a word or two (for the report)."""
+        if self.exception is not None:
+            return f"torn ({type(self.exception).__name__})"
+        if self.is_alive():
+            return "still open"
+        if self.error is not None:
+            final = f"error {self.error.get('code')}"
+        elif self.finish_reason is not None:
+            final = f"finish_reason {self.finish_reason}"
+        else:
+            final = "no final event"
+        return final + (" + [DONE]" if self.done else ", no [DONE]")
+
+
+def live_processes_of_group(pgid: int, grace: float = 0) -> list[str]:
+    """The processes of group ``pgid`` that are not zombies, once none is
+    left or after ``grace`` seconds.
+
+    This sandbox's PID 1 reaps no orphan, so zombies stay; they hold nothing.
+    """
+    deadline = time.monotonic() + grace
+    while (live := group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return live
+
+
+def group_members(pgid: int) -> list[str]:
+    """The processes of group ``pgid`` other than zombies, as
+    "pid state name"."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name_end = text.rindex(")")
+        state, _, pgrp = text[name_end + 2:].split()[:3]
+        if int(pgrp) == pgid and state not in ("Z", "X"):
+            live.append(f"{stat.parent.name} {state} "
+                        f"{text[text.index('(') + 1:name_end]}")
+    return live
+
+
+def log_tail(log: Path, lines: int = 12) -> str:
+    """The server log's last lines, without the per-request ones."""
+    chatter = ("Received request", "Added request", "POST /v1", "GET /")
+    kept = [
+        line for line in log.read_text().splitlines()
+        if not any(word in line for word in chatter)
+    ]
+    return "\n".join(kept[-lines:])
+
+
+def wait_until(condition, seconds: float, what: str) -> None:
+    """Polls ``condition`` until it holds; fails saying ``what`` after
+    ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def server_group(tiny_model_path, tmp_path):
+    """A hooked `vllm serve` leading a process group of its own.
+
+    Yields:
+        The server's main process, its base URL and its log's path. The
+        whole group is SIGKILLed after the test, whatever happened.
+    """
+    port = free_port()
+    log = tmp_path / "server.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(serve_command(tiny_model_path, port),
+                                   stdout=out,
+                                   stderr=subprocess.STDOUT,
+                                   env=server_env(),
+                                   start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(process, base, log)
+        yield process, base, log
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+@pytest.mark.parametrize("n", [8, 64])
+def test_sigterm_ends_every_stream_and_exits(server_group, tiny_model_path,
+                                             hook_ids, n):
+    process, base, log = server_group
+    model = str(tiny_model_path)
+    # The parent promises and syncs at once, parked while its child writes.
+    plans = {
+        (): [hook_ids.promise, hook_ids.sync] + [None] * 20,
+        (0, ): [None] * CHILD_TOKENS,
+    }
+    body = dict(model=model,
+                prompt="the cat sees",
+                max_tokens=230,
+                temperature=0.0,
+                stream=True,
+                **scripted_request_body(plans,
+                                        hook_ids,
+                                        step_seconds=STEP_SECONDS))
+    streams = [Stream(f"{base}/v1/completions", body) for _ in range(n)]
+    for stream in streams:
+        stream.start()
+    wait_until(lambda: all(s.events or not s.is_alive() for s in streams),
+               STREAM_START_S, "streams did not start")
+    children = "vllm:sequence_hook_children_running"
+    wait_until(lambda: metric(base, children, model) > 0, STREAM_START_S,
+               "no child running")
+    assert all(s.is_alive() and s.events
+               for s in streams), Counter(s.outcome() for s in streams)
+
+    start = time.monotonic()
+    os.kill(process.pid, signal.SIGTERM)
+    try:
+        code: Optional[int] = process.wait(timeout=EXIT_BOUND_S)
+    except subprocess.TimeoutExpired:
+        code = None
+    elapsed = time.monotonic() - start
+    left = live_processes_of_group(process.pid,
+                                   GROUP_GRACE_S if code is not None else 0)
+    if code is None:
+        # Hung: end it now, so that the streams end and can be reported.
+        os.killpg(process.pid, signal.SIGKILL)
+    for stream in streams:
+        stream.join(10)
+    outcomes = Counter(s.outcome() for s in streams)
+    report = (f"{n} streams: exit {code} after {elapsed:.2f} s; "
+              f"streams: {dict(outcomes)}; left running: {left}")
+    print(report)
+
+    assert code == 0, f"{report}; server log's tail:\n{log_tail(log)}"
+    assert elapsed < EXIT_BOUND_S, report
+    for stream in streams:
+        assert stream.exception is None, report  # no torn connection
+        assert stream.done, report  # `data: [DONE]` came
+        assert stream.error is not None or stream.finish_reason, report
+    assert not left, report
