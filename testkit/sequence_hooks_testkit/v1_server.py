@@ -18,7 +18,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
 
 import requests
 
@@ -184,10 +183,16 @@ def metric(url: str, name: str, prefix: str = "vllm:sequence_hook_") -> float:
         prefix: `vllm:sequence_hook_` for the hooks' metrics, `vllm:` for
             vLLM's own.
     """
+    return metrics(url, [prefix + name])[prefix + name]
+
+
+def metrics(url: str, names: list[str]) -> dict[str, float]:
+    """Several metrics (full names) from one read of /metrics, each the sum
+    of its samples (0 if none)."""
     text = requests.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text
-    total: Optional[float] = None
+    totals = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
-        if line.startswith(f"{prefix}{name}{{") or line.startswith(
-                f"{prefix}{name} "):
-            total = (total or 0.0) + float(line.rsplit(" ", 1)[1])
-    return total or 0.0
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals

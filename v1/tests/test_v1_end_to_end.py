@@ -295,6 +295,32 @@ def test_a_request_ended_by_a_stop_string_reports_its_tree(
     assert_engine_clean(hooked_llm)
 
 
+def test_a_stop_string_inside_a_merge_ends_the_tokens_there(
+        hooked_llm, hook_ids):
+    """A stop string completed by the first merged token (it spans the
+    parent's text and the child's, so the child never sees it): the
+    merged tokens after it are dropped from the output and the tree, as
+    vLLM 0.32's frontend drops them and 0.30's and 0.31's would not."""
+    plans = programs(hook_ids)["one promise"]
+    full = generate_one(hooked_llm, plans, hook_ids)
+    [(start, count)] = V1.promise_tree(full).merged_spans
+    assert count > 1
+    ids = list(full.outputs[0].token_ids)
+    tokenizer = hooked_llm.get_tokenizer()
+    word = (
+        tokenizer.decode(ids[:start], skip_special_tokens=True).split()[-1] +
+        " " + tokenizer.decode([ids[start]]).strip())
+    stopped = generate_one(hooked_llm, plans, hook_ids, word)
+    completion = stopped.outputs[0]
+    assert completion.stop_reason == " " + word
+    assert list(completion.token_ids) == ids[:start + 1]
+    tree = V1.promise_tree(stopped)
+    assert tree.token_ids == tuple(completion.token_ids)
+    assert tree.merged_spans == ((start, 1), )
+    assert tree.text == completion.text
+    assert_engine_clean(hooked_llm)
+
+
 def test_a_stop_string_aborts_the_children_still_running(hooked_llm, hook_ids):
     """As on V0: the root stops, its running child is aborted."""
     plans = {

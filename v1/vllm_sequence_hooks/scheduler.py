@@ -296,6 +296,14 @@ class SequenceHookScheduler(ParkingScheduler):
         check = self.stop_strings.feed(out.request_id, out.new_token_ids)
         if check is None:
             return
+        # The tokens after the stop go, as vLLM 0.32's frontend drops them
+        # (`OutputProcessor._trim_surplus_tokens`); 0.30's and 0.31's
+        # would keep them in `CompletionOutput.token_ids`.
+        kept = self.stop_strings.num_kept
+        if kept < len(out.new_token_ids):
+            del out.new_token_ids[kept:]
+            if out.new_logprobs is not None:
+                out.new_logprobs = out.new_logprobs.slice_request(0, kept)
         super().finish_requests(out.request_id, RequestStatus.FINISHED_STOPPED)
         if self.coordinator.is_member(out.request_id):
             # As on V0: live children are aborted, the root stops there;

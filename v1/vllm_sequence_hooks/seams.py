@@ -24,7 +24,7 @@ from typing import Optional
 
 # vLLM releases the plugin was tested on, each with its record
 # (`seams_0_32_0.py` for 0.32.0), oldest first.
-SUPPORTED_VLLM_VERSIONS = ("0.32.0", )
+SUPPORTED_VLLM_VERSIONS = ("0.31.0", "0.32.0")
 
 
 @dataclass(frozen=True)
@@ -278,6 +278,10 @@ SEAMS: tuple[Seam, ...] = (
         "a child's sampled logprobs are kept for its node; merged tokens' "
         "rows are built and appended (the first three fields)",
         "never: the outputs' logprobs form"),
+    Seam(
+        "vllm.v1.outputs:LogprobsLists.slice_request", "calls",
+        "a root stopped inside a merge keeps the rows of the tokens up to "
+        "the stop, as vLLM 0.32's frontend cuts them", _STOP),
     Seam("vllm.v1.outputs:ModelRunnerOutput", "annotates",
          "`update_from_output`'s parameter", _NEVER),
     Seam("vllm.logprobs:append_logprobs_for_next_position", "calls",
@@ -306,6 +310,11 @@ SEAMS: tuple[Seam, ...] = (
         "tree-carrying roots' stop strings, members' texts", _STOP),
     Seam(f"{_DETOK}:IncrementalDetokenizer.update", "calls",
          "feeds tokens; returns the stop string found, if any", _STOP),
+    Seam(
+        f"{_DETOK}:BaseIncrementalDetokenizer.update", "relies on",
+        "the update the frontend's detokenizer runs: where it cuts the "
+        "text and the tokens at a stop string (0.31 keeps the tokens fed "
+        "with the one that completes it, 0.32 drops them)", _STOP),
     Seam(
         f"{_DETOK}:BaseIncrementalDetokenizer.{{output_text,"
         "output_token_ids}", "reads",

@@ -139,6 +139,8 @@ RECORD: dict[str, Expect] = {
     "vllm.v1.outputs:LogprobsLists":
     Expect("(logprob_token_ids, logprobs, sampled_token_ranks"
            ", cu_num_generated_tokens=)"),
+    "vllm.v1.outputs:LogprobsLists.slice_request":
+    Expect("(self, req_idx, num_positions)"),
     "vllm.v1.outputs:ModelRunnerOutput":
     Expect(),
     "vllm.logprobs:append_logprobs_for_next_position":
@@ -157,6 +159,9 @@ RECORD: dict[str, Expect] = {
     Expect("(tokenizer, request)"),
     "vllm.v1.engine.detokenizer:IncrementalDetokenizer.update":
     Expect("(self, new_token_ids, stop_terminated)"),
+    "vllm.v1.engine.detokenizer:BaseIncrementalDetokenizer.update":
+    Expect("(self, new_token_ids, stop_terminated)",
+           "ab88e88b47aeb0cc892aaac107864716f86b71aa2af3d3bac8e493871c01be11"),
     ("vllm.v1.engine.detokenizer:BaseIncrementalDetokenizer.{output_text"
      ",output_token_ids}"):
     Expect(),

@@ -56,6 +56,9 @@ class StopStringChecks:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
         self._checks: dict[str, IncrementalDetokenizer] = {}
+        # Of the tokens the last `feed` that found a stop was given, how
+        # many its check took: the rest follow the stop string.
+        self.num_kept = 0
         # Tokens of each watched request's `all_token_ids` fed so far.
         self._fed: dict[str, int] = {}
 
@@ -83,15 +86,25 @@ class StopStringChecks:
 
     def feed(self, request_id: str,
              token_ids: list[int]) -> Optional[IncrementalDetokenizer]:
-        """Feeds a watched request's new output tokens.
+        """Feeds a watched request's new output tokens, one at a time, up
+        to the one that completes a stop string, if any.
+
+        One at a time: vLLM 0.32's detokenizer drops the tokens fed with
+        the one completing a stop string and after it (several arrive at
+        once when a merge is appended); 0.30's and 0.31's keep them. Fed
+        singly, the check's tokens end at the stop on every version.
 
         Returns:
             Its check if they complete a stop string (its text and tokens
-            then end there), else None.
+            then end there: `num_kept` of ``token_ids``), else None.
         """
         check = self._checks[request_id]
-        self._fed[request_id] += len(token_ids)
-        return None if check.update(token_ids, False) is None else check
+        for num_fed, token_id in enumerate(token_ids, 1):
+            self._fed[request_id] += 1
+            if check.update([token_id], False) is not None:
+                self.num_kept = num_fed
+                return check
+        return None
 
     def feed_new(self, request: Request) -> Optional[IncrementalDetokenizer]:
         """Feeds a watched request's tokens added since the last feed
