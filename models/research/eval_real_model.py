@@ -93,8 +93,10 @@ def tree_of(output):
 def chat_prompt(llm, messages: list[dict]) -> dict:
     """The chat-templated prompt as token ids (text would get a 2nd BOS
     with some tokenizers; ids are what training used)."""
+    # (transformers 5, the V1 venv's, returns a dict unless told not to.)
     ids = llm.get_tokenizer().apply_chat_template(messages,
-                                                  add_generation_prompt=True)
+                                                  add_generation_prompt=True,
+                                                  return_dict=False)
     return {"prompt_token_ids": ids}
 
 
