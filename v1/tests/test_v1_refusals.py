@@ -12,6 +12,7 @@ import torch
 from vllm_sequence_hooks.admission import (STRUCTURED_OUTPUTS,
                                            HookedRequestCheck)
 from vllm_sequence_hooks.config import SCHEDULER_CLS
+from vllm_sequence_hooks.config_check import HooksConfigCheck
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
@@ -151,3 +152,26 @@ def test_structured_outputs_are_refused_before_the_engine(
                                                   ignore_eos=True),
                                    use_tqdm=False)
     assert len(output.outputs[0].token_ids) == 4
+
+
+def test_hooks_without_the_scheduler_are_refused_by_every_engine(
+        tiny_model_path, hook_ids):
+    """`--additional-config` with `special_kwargs` alone would run without
+    hooks: the plugin's entry-point logits processor, which vLLM builds in
+    every worker before the model loads, refuses it; it is inert on an
+    engine without hooks."""
+    from vllm.v1.sample.logits_processor import _load_custom_logitsprocs
+    assert HooksConfigCheck in _load_custom_logitsprocs(None)
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError,
+                       match="additional_config has 'special_kwargs' but "
+                       "--scheduler-cls is not"):
+        HooksConfigCheck(worker_config(tiny_model_path, None, hooks(hook_ids)),
+                         cpu, False)
+    HooksConfigCheck(
+        worker_config(tiny_model_path, SCHEDULER_CLS, hooks(hook_ids)), cpu,
+        False)
+    plain = VllmConfig(
+        model_config=ModelConfig(model=str(tiny_model_path), dtype="float32"))
+    logits = torch.randn(2, 8)
+    assert HooksConfigCheck(plain, cpu, False).apply(logits) is logits

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 from vllm_sequence_hooks.config import (REQUEST_CHECK, SCHEDULER_CLS,
-                                        check_special_kwargs,
+                                        check_special_kwargs, names_scheduler,
                                         special_kwargs_of)
 
 from vllm.config import VllmConfig
@@ -67,15 +67,11 @@ class HookedRequestCheck(LogitsProcessor):
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device,
                  is_pin_memory: bool) -> None:
-        scheduler_cls = vllm_config.scheduler_config.scheduler_cls
-        named = (scheduler_cls if isinstance(
-            scheduler_cls, str) else getattr(scheduler_cls, "__module__", "") +
-                 "." + getattr(scheduler_cls, "__qualname__", ""))
-        if named != SCHEDULER_CLS:
+        if not names_scheduler(vllm_config):
             raise ValueError(
                 f"{REQUEST_CHECK} is the request check of sequence hooks: "
                 f"it needs --scheduler-cls {SCHEDULER_CLS} (got "
-                f"{scheduler_cls!r})")
+                f"{vllm_config.scheduler_config.scheduler_cls!r})")
         try:
             check_special_kwargs(special_kwargs_of(vllm_config), vllm_config)
         except ValueError as e:

@@ -70,6 +70,15 @@ def check_special_kwargs(special_kwargs: SpecialKwargs,
     return resolved
 
 
+def names_scheduler(vllm_config: VllmConfig) -> bool:
+    """Whether `--scheduler-cls` names the plugin's scheduler."""
+    scheduler_cls = vllm_config.scheduler_config.scheduler_cls
+    if not isinstance(scheduler_cls, str):
+        scheduler_cls = (getattr(scheduler_cls, "__module__", "") + "." +
+                         getattr(scheduler_cls, "__qualname__", ""))
+    return scheduler_cls == SCHEDULER_CLS
+
+
 def hooked_engine_args(special_kwargs: Any) -> dict[str, Any]:
     """Engine arguments that turn the hooks on, for `LLM(**...)`.
 

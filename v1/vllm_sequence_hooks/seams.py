@@ -378,6 +378,12 @@ SEAMS: tuple[Seam, ...] = (
         "vllm.v1.sample.logits_processor:validate_logits_processors_parameters",
         "relies on", "a `ValueError` of `validate_params` becomes vLLM's "
         "`VLLMValidationError`: a 400 with its text", _ADMISSION),
+    Seam(
+        "vllm.v1.sample.logits_processor:_load_logitsprocs_plugins",
+        "relies on", "every V1 engine builds the processors registered under "
+        "`vllm.logits_processors` in each worker: `HooksConfigCheck` refuses "
+        "`special_kwargs` without the plugin's scheduler (`config_check`)",
+        "V1 lets a plugin check the engine's configuration at start"),
     Seam("vllm.v1.sample.logits_processor:BatchUpdate", "annotates",
          "`update_state`'s parameter", _NEVER),
     Seam("vllm.sampling_params:SamplingParams.structured_outputs", "reads",

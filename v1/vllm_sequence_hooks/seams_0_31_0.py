@@ -203,6 +203,9 @@ RECORD: dict[str, Expect] = {
     "vllm.v1.sample.logits_processor:validate_logits_processors_parameters":
     Expect("(logits_processors, sampling_params)",
            "7cf8e3b6fe1797966ab1e809306bfc743f45592761659e6eb636fb08457e3556"),
+    "vllm.v1.sample.logits_processor:_load_logitsprocs_plugins":
+    Expect("()",
+           "431b2155c071a69ed52f7f603e5eccae9161cb691a5fbe794b54d24795d80066"),
     "vllm.v1.sample.logits_processor:BatchUpdate":
     Expect(),
     "vllm.sampling_params:SamplingParams.structured_outputs":
