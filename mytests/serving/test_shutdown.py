@@ -16,23 +16,23 @@ the requests behind them wait for outputs that will never come.
 """
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-import httpx
 import pytest
 
 from sequence_hooks_testkit.server import (free_port, metric,
                                            scripted_request_body,
                                            serve_command, server_env,
                                            wait_healthy)
+from sequence_hooks_testkit.shutdown_check import (Stream,
+                                                   live_processes_of_group,
+                                                   wait_until)
 
 # The documented bound (docs/serving.md, Shutdown) on the time from SIGTERM
 # to the server's exit: the engine process's join (4 s, then kill) and the
@@ -47,80 +47,6 @@ GROUP_GRACE_S = 2.0
 STREAM_START_S = 45.0
 
 
-class Stream(threading.Thread):
-    """One streamed /v1/completions request; records how it ended."""
-
-    def __init__(self, url: str, body: dict):
-        super().__init__(daemon=True)
-        self.url, self.body = url, body
-        self.events = 0
-        self.finish_reason: Optional[str] = None
-        self.error: Optional[dict] = None
-        self.done = False
-        self.exception: Optional[Exception] = None
-
-    def run(self):
-        try:
-            with httpx.stream("POST", self.url, json=self.body,
-                              timeout=60) as response:
-                response.raise_for_status()
-                for line in response.iter_lines():
-                    if line == "data: [DONE]":
-                        self.done = True
-                    elif line.startswith("data: "):
-                        event = json.loads(line[len("data: "):])
-                        self.events += 1
-                        self.error = event.get("error", self.error)
-                        for choice in event.get("choices", ()):
-                            self.finish_reason = (choice.get("finish_reason")
-                                                  or self.finish_reason)
-        except Exception as e:  # a torn connection, above all
-            self.exception = e
-
-    def outcome(self) -> str:
-        """How the stream ended, in a word or two (for the report)."""
-        if self.exception is not None:
-            return f"torn ({type(self.exception).__name__})"
-        if self.is_alive():
-            return "still open"
-        if self.error is not None:
-            final = f"error {self.error.get('code')}"
-        elif self.finish_reason is not None:
-            final = f"finish_reason {self.finish_reason}"
-        else:
-            final = "no final event"
-        return final + (" + [DONE]" if self.done else ", no [DONE]")
-
-
-def live_processes_of_group(pgid: int, grace: float = 0) -> list[str]:
-    """The processes of group ``pgid`` that are not zombies, once none is
-    left or after ``grace`` seconds.
-
-    This sandbox's PID 1 reaps no orphan, so zombies stay; they hold nothing.
-    """
-    deadline = time.monotonic() + grace
-    while (live := group_members(pgid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return live
-
-
-def group_members(pgid: int) -> list[str]:
-    """The processes of group ``pgid`` other than zombies, as
-    "pid state name"."""
-    live = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name_end = text.rindex(")")
-        state, _, pgrp = text[name_end + 2:].split()[:3]
-        if int(pgrp) == pgid and state not in ("Z", "X"):
-            live.append(f"{stat.parent.name} {state} "
-                        f"{text[text.index('(') + 1:name_end]}")
-    return live
-
-
 def log_tail(log: Path, lines: int = 12) -> str:
     """The server log's last lines, without the per-request ones."""
     chatter = ("Received request", "Added request", "POST /v1", "GET /")
@@ -129,15 +55,6 @@ def log_tail(log: Path, lines: int = 12) -> str:
         if not any(word in line for word in chatter)
     ]
     return "\n".join(kept[-lines:])
-
-
-def wait_until(condition, seconds: float, what: str) -> None:
-    """Polls ``condition`` until it holds; fails saying ``what`` after
-    ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 @pytest.fixture

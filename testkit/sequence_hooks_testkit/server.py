@@ -130,12 +130,18 @@ def running_server(
         wait_healthy(process, base, log)
         yield base
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_server(process)
+
+
+def stop_server(process: subprocess.Popen, seconds: float = 30) -> None:
+    """Stops a server: SIGTERM, then SIGKILL if it has not exited within
+    ``seconds``."""
+    process.terminate()
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def metric(base: str, name: str, model: str) -> float:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import requests
 
-from sequence_hooks_testkit.server import wait_healthy
+from sequence_hooks_testkit.server import stop_server, wait_healthy
 from sequence_hooks_testkit.v1_engines import MASKED_IDS
 from sequence_hooks_testkit.v1_scripted_logits import (SCRIPT_KEY,
                                                        STEP_DELAY_ENV,
@@ -142,12 +142,7 @@ def hooked_v1_server(
     try:
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_server(process)
 
 
 def scripted_body(plans: dict,

@@ -13,73 +13,21 @@ writing. Without the middleware the server hangs in upstream's shutdown
 """
 
 import contextlib
-import json
 import os
 import signal
-import threading
 import time
 
-import httpx
 import pytest
 
+from sequence_hooks_testkit.shutdown_check import (Stream,
+                                                   live_processes_of_group,
+                                                   wait_until)
 from sequence_hooks_testkit.v1_server import (metric, scripted_body,
                                               start_hooked_v1_server)
 
 # The documented bound (docs/v1.md): `--shutdown-timeout` (0 here) + 5 s.
 EXIT_BOUND_S = 5.0
 STEP_DELAY_S = 0.05
-
-
-class Stream(threading.Thread):
-    """One streamed completion; records how it ended."""
-
-    def __init__(self, url: str, body: dict) -> None:
-        super().__init__(daemon=True)
-        self.url, self.body = url, body
-        self.events = 0
-        self.finish_reason = self.error = self.torn = None
-        self.done = False
-
-    def run(self) -> None:
-        try:
-            with httpx.stream("POST",
-                              self.url + "/v1/completions",
-                              json=self.body,
-                              timeout=60) as response:
-                for line in response.iter_lines():
-                    if line == "data: [DONE]":
-                        self.done = True
-                    elif line.startswith("data: "):
-                        event = json.loads(line[len("data: "):])
-                        self.events += 1
-                        self.error = event.get("error", self.error)
-                        for choice in event.get("choices", ()):
-                            self.finish_reason = (choice.get("finish_reason")
-                                                  or self.finish_reason)
-        except httpx.HTTPError as error:
-            self.torn = error
-
-
-def wait_until(condition, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
-
-
-def live_processes(group: int) -> list[str]:
-    """Processes of a process group that are not zombies."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # After the command: state, parent pid, process group.
-        if int(fields[2]) == group and fields[0] != "Z":
-            found.append(pid)
-    return found
 
 
 @pytest.mark.parametrize("streams", [8, 64])
@@ -93,7 +41,7 @@ def test_sigterm_ends_every_stream_and_exits(tiny_model_path, hook_ids,
         plans = {(): [None, P, S, None], (0, ): [None] * 200}
         clients = [
             Stream(
-                url,
+                url + "/v1/completions",
                 scripted_body(plans,
                               hook_ids,
                               tiny_model_path,
@@ -119,8 +67,7 @@ def test_sigterm_ends_every_stream_and_exits(tiny_model_path, hook_ids,
         client.join(10)
     assert code == 0 and elapsed < EXIT_BOUND_S
     for client in clients:
-        assert client.torn is None, client.torn
+        assert client.exception is None, client.outcome()
         assert client.done
         assert client.finish_reason == "abort" or client.error
-    wait_until(lambda: not live_processes(process.pid), 5,
-               "processes of the server left")
+    assert not live_processes_of_group(process.pid, grace=5)

@@ -17,16 +17,14 @@ the model loads, also checks the hooks' configuration, so a bad one stops
 the engine before the model is loaded.
 """
 
-from typing import Optional
-
 import torch
 from vllm_sequence_hooks.config import (REQUEST_CHECK, SCHEDULER_CLS,
                                         check_special_kwargs, names_scheduler,
                                         special_kwargs_of)
+from vllm_sequence_hooks.config_check import CheckOnlyLogitsProcessor
 
 from vllm.config import VllmConfig
 from vllm.sampling_params import SamplingParams
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
 STRUCTURED_OUTPUTS = (
     "structured outputs (response_format json_object/json_schema/"
@@ -45,7 +43,7 @@ def names_request_check(vllm_config: VllmConfig) -> bool:
                for entry in vllm_config.model_config.logits_processors or ())
 
 
-class HookedRequestCheck(LogitsProcessor):
+class HookedRequestCheck(CheckOnlyLogitsProcessor):
     """Refuses requests sequence hooks cannot serve; leaves logits alone.
 
     Args:
@@ -76,12 +74,3 @@ class HookedRequestCheck(LogitsProcessor):
             check_special_kwargs(special_kwargs_of(vllm_config), vllm_config)
         except ValueError as e:
             raise ValueError(f"special_kwargs: {e}") from e
-
-    def is_argmax_invariant(self) -> bool:
-        return True
-
-    def update_state(self, batch_update: Optional[BatchUpdate]) -> None:
-        pass
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits

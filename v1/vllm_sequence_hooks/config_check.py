@@ -23,7 +23,22 @@ from vllm.config import VllmConfig
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
 
-class HooksConfigCheck(LogitsProcessor):
+class CheckOnlyLogitsProcessor(LogitsProcessor):
+    """A logits processor used only for its checks (its constructor and
+    `validate_params`): it leaves logits alone, and greedy batches skip
+    it."""
+
+    def is_argmax_invariant(self) -> bool:
+        return True
+
+    def update_state(self, batch_update: Optional[BatchUpdate]) -> None:
+        pass
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+
+class HooksConfigCheck(CheckOnlyLogitsProcessor):
     """Refuses `special_kwargs` without the hooks' scheduler.
 
     Args:
@@ -45,12 +60,3 @@ class HooksConfigCheck(LogitsProcessor):
                 f"is not {SCHEDULER_CLS}: the hooks would be off. Add "
                 f"--scheduler-cls {SCHEDULER_CLS} --logits-processors "
                 f"{REQUEST_CHECK}, or drop {CONFIG_KEY}")
-
-    def is_argmax_invariant(self) -> bool:
-        return True
-
-    def update_state(self, batch_update: Optional[BatchUpdate]) -> None:
-        pass
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits
