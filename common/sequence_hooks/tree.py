@@ -77,6 +77,35 @@ class PromiseNode:
             mask[start:start + count] = [False] * count
         return tuple(mask)
 
+    @property
+    def critical_path(self) -> int:
+        """Decoding steps on the subtree's longest chain of dependencies.
+
+        One step per sampled token; a child starts in the step after its
+        parent sampled its `<promise>`; a merge takes one step (the
+        resume's prefill) once every child it merges (those spawned
+        before it and not merged yet) has finished. The sequential form of
+        the same work takes as many steps as it has tokens.
+        """
+        merges = dict(self.merged_spans)
+        waiting: list[tuple[int, int]] = []  # (fork position, end step)
+        children = iter(self.children)
+        child = next(children, None)
+        step = position = 0
+        while position < len(self.token_ids):
+            if position in merges:
+                ends = [end for fork, end in waiting if fork <= position]
+                waiting = [(f, e) for f, e in waiting if f > position]
+                step = max([step, *ends]) + 1
+                position += merges[position]
+                continue
+            step += 1
+            position += 1
+            while child is not None and child.fork_position == position:
+                waiting.append((position, step + child.critical_path))
+                child = next(children, None)
+        return step
+
     def to_dict(self, top_logprobs: bool = False) -> dict:
         """The subtree as JSON-ready data.
 

@@ -134,7 +134,8 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
     Returns:
         Per-country accuracy (of the conclusion, and of the item sentences
         alone), share of tasks with every country right, number of
-        texts cut at the token limit (per task too),
+        texts cut at the token limit (per task too), the mean critical path
+        (`PromiseNode.critical_path`; a text without a tree: its tokens),
         share of tasks that spawned one child per country (parallel), share
         whose children each wrote their own country's sentence (parallel),
         wall time, and up to three failures.
@@ -152,7 +153,7 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
                                 use_tqdm=False)
     seconds = time.monotonic() - start
     correct = solved = spawned = own_item = sentences = cut = 0
-    failures, per_task = [], []
+    failures, per_task, paths = [], [], []
     for t, output in zip(tasks, outputs):
         text = output.outputs[0].text
         right = task.answers_correct(t, text)
@@ -162,6 +163,9 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         sentences += sum(said)
         tree = tree_of(output)
         children = tree.children if tree else []
+        # Decoding steps on the longest chain (all of them without a tree).
+        paths.append(
+            tree.critical_path if tree else len(output.outputs[0].token_ids))
         spawned += len(children) == len(t.countries)
         # A text that ends at the token limit (a sentence repeated over
         # and over, as a rule) has no conclusion.
@@ -197,6 +201,8 @@ def run_form(llm, tasks: list[task.Task]) -> dict:
         solved / len(tasks),
         "tasks_cut_at_token_limit":
         cut,
+        "mean_critical_path":
+        round(sum(paths) / len(paths), 1),
         "seconds":
         round(seconds, 1),
         "failures":

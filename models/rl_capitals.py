@@ -1,0 +1,349 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""GRPO on the real model's own promise trees (TRL + the V1 plugin).
+
+Starts from the fine-tuned SmolLM2 promise model (`./dev setup` prepares
+it) and trains it with `vllm_sequence_hooks.rl.PromiseTreeGRPOTrainer` on
+parallel capitals tasks over the training countries: each rollout is a
+tree from the hooked V1 engine colocated in this process (vLLM 0.31, the
+newest TRL 1.16 accepts), every node of it trained with its root's
+advantage; the reward is the share of countries whose capital the final
+answer's conclusion gives exactly, plus a small bonus (weight
+`BONUS_WEIGHT`) for a shorter critical path.
+
+`--smoke` runs two steps on two tasks and prints one JSON line (steps,
+trees, children, trained tokens, masked merged tokens, the largest
+difference between the trainer's and the engine's logprob of a trained
+token, whether the weights changed). Without it: a run bounded by
+`--steps` and `--minutes`, with TRL's progress bar, that writes
+`--report` (the run's settings, steps, wall time, seconds per step, peak
+memory, TRL's log, and the model card's evaluation of the model before
+and after, both forms, with the critical path), the trained checkpoint to
+`--out` and the reward curve to `--plot`.
+
+Usage (from `./dev rl [--smoke] [...]`, in `.venv-rl`):
+    python models/rl_capitals.py [--smoke] [--steps 200] [--minutes 75]
+"""
+
+import argparse
+import functools
+import gc
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
+from vllm_sequence_hooks.rl import PromiseTreeGRPOTrainer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import capitals_task as task  # noqa: E402
+import prepare_base_model as prepare  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+EVAL = ROOT / "models" / "research" / "eval_real_model.py"
+SPECIAL_KWARGS = dict(sync_token=task.SYNC,
+                      promise_token=task.PROMISE,
+                      child_role_token=task.CHILD)
+# The critical-path bonus's weight next to the capitals' (1): it breaks
+# ties between equally right trees, never outweighs a capital.
+BONUS_WEIGHT = 0.05
+# Countries per task: the model errs more in long lists (copying its
+# children's capitals into the conclusion), which gives groups a spread.
+MIN_ITEMS, MAX_ITEMS = 3, 6
+
+
+def capitals_reward(completions, countries, **_) -> list[float]:
+    """Share of a task's countries whose capital the conclusion gives.
+
+    Args:
+        completions: The roots' completions (chat messages or text): the
+            parent's text with its children's sentences merged in.
+        countries: Per completion, its task's countries (a dataset
+            column).
+
+    Returns:
+        One reward in [0, 1] per completion.
+    """
+    rewards = []
+    for completion, names in zip(completions, countries):
+        text = (completion
+                if isinstance(completion, str) else completion[-1]["content"])
+        right = task.answers_correct(task.Task(tuple(names), True), text)
+        rewards.append(sum(right) / len(right))
+    return rewards
+
+
+def critical_path_bonus(completion_ids, promise_tree, max_tokens: int,
+                        **_) -> list[float]:
+    """How much shorter than the token limit a tree's critical path is
+    (in [0, 1]; 1 - critical path / limit): the parallel form's point.
+
+    Args:
+        completion_ids: The roots' token ids.
+        promise_tree: Per root, its tree (None if it never promised: then
+            its path is all its tokens).
+        max_tokens: The completion limit.
+
+    Returns:
+        One bonus per completion.
+    """
+    return [
+        1 - (len(ids) if tree is None else tree.critical_path) / max_tokens
+        for ids, tree in zip(completion_ids, promise_tree)
+    ]
+
+
+def training_tasks(num_tasks: int, seed: int) -> Dataset:
+    """Parallel tasks over the training countries (never the held-out
+    ones the model card evaluates on), as TRL's prompt dataset."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num_tasks):
+        t = task.make_task(rng, task.TRAIN_COUNTRIES, True,
+                           rng.randint(MIN_ITEMS, MAX_ITEMS))
+        rows.append({
+            "prompt": task.messages_of(t),
+            "countries": list(t.countries)
+        })
+    return Dataset.from_list(rows)
+
+
+class TimeLimit(transformers.TrainerCallback):
+    """Stops training once ``minutes`` have passed (after a whole step)."""
+
+    def __init__(self, minutes: float) -> None:
+        self.deadline = time.monotonic() + 60 * minutes
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.monotonic() > self.deadline:
+            control.should_training_stop = True
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def make_trainer(model_dir: Path, args: argparse.Namespace, dataset: Dataset,
+                 out: Path) -> PromiseTreeGRPOTrainer:
+    """The trainer over the fine-tuned checkpoint (fp32 on both sides)."""
+    config = GRPOConfig(
+        output_dir=str(out),
+        reward_weights=[1.0, BONUS_WEIGHT],
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.05,
+        # One optimizer step per generation batch (prompts x generations
+        # trees), taken in micro-batches of one root row's share: a
+        # tree's rows (children's long contexts, a 49k vocabulary's
+        # logits) do not fit at once in this machine's memory.
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=args.prompts * args.generations,
+        num_generations=args.generations,
+        max_completion_length=args.max_tokens,
+        temperature=1.0,
+        learning_rate=args.learning_rate,
+        # Memory: Adafactor's factored moments and recomputed activations
+        # keep the trainer, its engine and their copies of the weights in
+        # about 4 GiB (AdamW's moments alone are 1 GiB more).
+        optim="adafactor",
+        gradient_checkpointing=True,
+        max_steps=args.steps,
+        use_cpu=True,
+        bf16=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        seed=args.seed,
+        disable_tqdm=args.smoke,
+    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(model_dir), dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    bonus = functools.partial(critical_path_bonus, max_tokens=args.max_tokens)
+    bonus.__name__ = critical_path_bonus.__name__
+    return PromiseTreeGRPOTrainer(model=model,
+                                  processing_class=tokenizer,
+                                  reward_funcs=[capitals_reward, bonus],
+                                  args=config,
+                                  train_dataset=dataset,
+                                  special_kwargs=SPECIAL_KWARGS)
+
+
+def smoke_summary(trainer: PromiseTreeGRPOTrainer,
+                  before: dict[str, torch.Tensor]) -> dict:
+    """The two-step check's JSON: what the trainer logged, summed."""
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    changed = any(not torch.equal(before[name], param.detach())
+                  for name, param in trainer.model.named_parameters())
+    return {
+        "steps":
+        trainer.state.global_step,
+        "trees":
+        int(sum(e["promise_tree/trees"] for e in logs)),
+        "children":
+        int(sum(e["promise_tree/children"] for e in logs)),
+        "trained_tokens":
+        int(sum(e["promise_tree/trained_tokens"] for e in logs)),
+        "masked_merged_tokens":
+        int(sum(e["promise_tree/merged_tokens"] for e in logs)),
+        "max_abs_logprob_diff":
+        max(e["sampling/sampling_logp_difference/max"] for e in logs),
+        "weights_changed":
+        changed,
+    }
+
+
+def evaluate(model: Path, seeds: list[int], tasks: int) -> dict:
+    """The model card's evaluation (`research/eval_real_model.py`, V1
+    engine, greedy, fp32) of ``model`` in a process of its own (a second
+    engine in this one would compute wrong logits), summed up per form.
+
+    Args:
+        model: A checkpoint folder.
+        seeds: The held-out task draws.
+        tasks: Tasks per draw.
+
+    Returns:
+        Per form: accuracy per country (conclusion, item sentences), share
+        of tasks all right, texts cut at the limit, mean critical path,
+        and (parallel) share with one child per country.
+    """
+    out = subprocess.run([
+        sys.executable,
+        str(EVAL), "--engine", "v1", "--model",
+        str(model), "--tasks",
+        str(tasks), "--seeds", *map(str, seeds)
+    ],
+                         check=True,
+                         capture_output=True,
+                         text=True).stdout
+    # The report is the last thing printed, after vLLM's log lines.
+    report = json.loads(out[out.rindex("\n{\n") + 1:])
+    keys = ("accuracy_per_country", "sentence_accuracy_per_country",
+            "tasks_all_correct", "tasks_cut_at_token_limit",
+            "mean_critical_path", "spawned_one_child_per_country")
+    return {
+        form: {
+            k: report[form][k]
+            for k in keys if k in report[form]
+        }
+        for form in ("parallel", "sequential")
+    }
+
+
+def plot_rewards(log: list[dict], path: Path) -> None:
+    """The reward per step (mean over its trees) and its running mean."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    steps = [e["step"] for e in log if "rewards/capitals_reward/mean" in e]
+    rewards = [
+        e["rewards/capitals_reward/mean"] for e in log
+        if "rewards/capitals_reward/mean" in e
+    ]
+    window = 10
+    running = [
+        sum(rewards[max(0, i - window + 1):i + 1]) /
+        len(rewards[max(0, i - window + 1):i + 1]) for i in range(len(rewards))
+    ]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(steps, rewards, ".", alpha=0.5, label="per step")
+    ax.plot(steps, running, "-", label=f"running mean ({window} steps)")
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("capitals right (share)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("GRPO on promise trees: SmolLM2-135M promise model")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--minutes", type=float, default=75.0)
+    parser.add_argument("--prompts", type=int, default=1)
+    parser.add_argument("--generations", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--learning-rate", type=float, default=1e-5)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out",
+                        type=Path,
+                        default=prepare.cache_dir() / "models" /
+                        "smollm2-promise-grpo")
+    parser.add_argument("--eval-seeds", type=int, nargs="+", default=[1000])
+    parser.add_argument("--eval-tasks", type=int, default=28)
+    parser.add_argument("--plot",
+                        type=Path,
+                        default=ROOT / "docs" / "images" / "rl_reward.png")
+    parser.add_argument("--report",
+                        type=Path,
+                        default=ROOT / "models" / "smollm2-promise" /
+                        "grpo_report.json")
+    args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.prompts, args.generations = 2, 1, 2
+    torch.manual_seed(args.seed)
+    model_dir = prepare.model_dir()
+    dataset = training_tasks(args.steps * args.prompts, args.seed)
+    start = time.monotonic()
+    trainer = make_trainer(model_dir, args, dataset, args.out)
+    started = time.monotonic() - start
+    before = {
+        name: param.detach().clone()
+        for name, param in trainer.model.named_parameters()
+    }
+    if not args.smoke:
+        trainer.add_callback(TimeLimit(args.minutes))
+    trainer.train()
+    if args.smoke:
+        print(json.dumps(smoke_summary(trainer, before)))
+        return
+    seconds = time.monotonic() - start
+    trainer.save_model(str(args.out))
+    steps = trainer.state.global_step
+    report = {
+        "model": model_dir.name,
+        "trl": __import__("trl").__version__,
+        "vllm": __import__("vllm").__version__,
+        "settings": {
+            k: str(v) if isinstance(v, Path) else v
+            for k, v in vars(args).items()
+        },
+        "dtype": "float32 (trainer and engine)",
+        "steps": steps,
+        "wall_seconds": round(seconds),
+        "engine_start_seconds": round(started),
+        "seconds_per_step": round((seconds - started) / max(steps, 1), 1),
+        "peak_rss_gib": round(peak_rss_gib(), 2),
+        "log": trainer.state.log_history,
+    }
+    del trainer
+    gc.collect()
+    plot_rewards(report["log"], args.plot)
+    report["evaluation"] = {
+        "seeds": args.eval_seeds,
+        "tasks_per_seed": args.eval_tasks,
+        "before": evaluate(model_dir, args.eval_seeds, args.eval_tasks),
+        "after": evaluate(args.out, args.eval_seeds, args.eval_tasks),
+    }
+    args.report.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in report.items() if k != "log"}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,188 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""GRPO on promise trees (`vllm_sequence_hooks.rl`) with TRL 1.16 and the
+hooked V1 engine colocated in process, on the real promise model (fp32).
+
+One trainer for the module; the tests run in order, the last trains.
+"""
+
+import copy
+import random
+
+import capitals_task as task
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig
+from vllm_sequence_hooks.rl import TREE_KEY, PromiseTreeGRPOTrainer
+
+# Largest difference allowed between the engine's logprob of a sampled
+# token and the trainer's recomputation (both fp32; vLLM's CPU kernels
+# and transformers' eager attention round differently).
+LOGPROB_TOLERANCE = 1e-3
+GENERATIONS = 2
+SPECIAL_KWARGS = dict(sync_token=task.SYNC,
+                      promise_token=task.PROMISE,
+                      child_role_token=task.CHILD)
+
+
+def tasks(num: int) -> list[task.Task]:
+    rng = random.Random(0)
+    return [
+        task.make_task(rng, task.TRAIN_COUNTRIES, True, 3) for _ in range(num)
+    ]
+
+
+def length_reward(completion_ids, **_) -> list[float]:
+    """A reward that differs between samples, so that every step moves
+    the weights."""
+    return [len(ids) / 100 for ids in completion_ids]
+
+
+@pytest.fixture(scope="module")
+def trainer(real_model, tmp_path_factory):
+    dataset = Dataset.from_list([{
+        "prompt": task.messages_of(t)
+    } for t in tasks(4)])
+    config = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("grpo")),
+                        use_vllm=True,
+                        vllm_mode="colocate",
+                        per_device_train_batch_size=1,
+                        gradient_accumulation_steps=GENERATIONS,
+                        num_generations=GENERATIONS,
+                        max_completion_length=160,
+                        learning_rate=1e-4,
+                        max_steps=2,
+                        use_cpu=True,
+                        bf16=False,
+                        report_to=[],
+                        save_strategy="no",
+                        disable_tqdm=True,
+                        seed=0)
+    return PromiseTreeGRPOTrainer(
+        model=AutoModelForCausalLM.from_pretrained(real_model,
+                                                   dtype=torch.float32),
+        processing_class=AutoTokenizer.from_pretrained(real_model),
+        reward_funcs=length_reward,
+        args=config,
+        train_dataset=dataset,
+        special_kwargs=SPECIAL_KWARGS)
+
+
+def model_logprobs(model, context, tokens) -> torch.Tensor:
+    """The model's logprob of each of ``tokens`` after ``context``."""
+    ids = torch.tensor([list(context) + list(tokens)])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(context) - 1:-1].float()
+    return torch.log_softmax(logits,
+                             -1).gather(1,
+                                        torch.tensor(tokens)[:, None])[:, 0]
+
+
+def rows_of(trainer, prompts):
+    """`_generate`'s rows (roots first, then children, then fillers),
+    their trees and each row's root."""
+    (prompt_ids, completion_ids, masks, _, logprobs, extra, _,
+     _) = trainer._generate(prompts)
+    rows = list(zip(prompt_ids, completion_ids, masks, logprobs))
+    return rows, extra[TREE_KEY], trainer._row_roots.tolist()
+
+
+def child_contexts(tree, context, marker):
+    """Each node below ``tree`` with its context, written out from the
+    tree (not from `training_records`)."""
+    for child in tree.children:
+        child_context = (list(context) +
+                         list(tree.token_ids[:child.fork_position]) + [marker])
+        yield child, child_context
+        yield from child_contexts(child, child_context, marker)
+
+
+def test_every_node_is_a_row_in_its_own_context(trainer):
+    tokenizer = trainer.processing_class
+    marker = tokenizer.convert_tokens_to_ids(task.CHILD)
+    prompts = [task.messages_of(t) for t in tasks(2)]
+    rows, trees, roots = rows_of(trainer, prompts)
+    expected = []
+    for index, tree in enumerate(trees):
+        assert tree is not None and tree.children, "the model promises"
+        prompt_ids, completion_ids, mask, _ = rows[index]
+        assert completion_ids == list(tree.token_ids)
+        assert mask == [int(sampled) for sampled in tree.sampled_mask]
+        expected += [
+            (index, node, context)
+            for node, context in child_contexts(tree, prompt_ids, marker)
+        ]
+    children = [(root, row) for root, row in zip(roots, rows)
+                if root >= 0][len(trees):]
+    assert len(children) == len(expected)
+    for (root, (prompt_ids, completion_ids, mask,
+                _)), (index, node, context) in zip(children, expected):
+        assert root == index
+        assert prompt_ids == context
+        assert completion_ids == list(node.token_ids)
+        assert mask == [int(sampled) for sampled in node.sampled_mask]
+
+
+def test_trained_tokens_have_the_engines_logprobs_merged_ones_none(trainer):
+    prompts = [task.messages_of(t) for t in tasks(2)]
+    rows, _, roots = rows_of(trainer, prompts)
+    largest, merged = 0.0, 0
+    for (prompt_ids, completion_ids, mask, logprobs), root in zip(rows, roots):
+        if root < 0:
+            continue
+        mask = torch.tensor(mask, dtype=torch.bool)
+        engine = torch.tensor(logprobs)
+        assert (engine[~mask] == 0.0).all()
+        merged += int((~mask).sum())
+        recomputed = model_logprobs(trainer.model, prompt_ids, completion_ids)
+        largest = max(largest, float((engine - recomputed)[mask].abs().max()))
+    assert merged > 0
+    assert largest <= LOGPROB_TOLERANCE
+
+
+def test_each_child_row_gets_its_roots_advantage(trainer):
+    inputs = [{
+        "prompt": task.messages_of(t)
+    } for t in tasks(1) for _ in range(GENERATIONS)]
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(inputs)
+    roots = trainer._row_roots
+    advantages = batch["advantages"]
+    assert len(roots) == len(advantages) > len(inputs)
+    assert advantages[:len(inputs)].abs().sum() > 0
+    for row, root in enumerate(roots.tolist()):
+        expected = 0.0 if root < 0 else advantages[root]
+        assert advantages[row] == expected
+    loss_mask = batch["completion_mask"] * batch["tool_mask"]
+    assert batch["num_items_in_batch"] == loss_mask.sum()
+    # TRL's own recomputation of every row (children included) against
+    # the engine's logprobs, on the tokens it trains.
+    difference = (batch["old_per_token_logps"] -
+                  batch["sampling_per_token_logps"]).abs()
+    assert difference[loss_mask.bool()].max() <= LOGPROB_TOLERANCE
+
+
+def test_two_steps_change_the_weights_and_the_next_rollout_uses_them(
+        trainer, real_model):
+    before = copy.deepcopy(trainer.model).eval()
+    trainer.train()
+    assert trainer.state.global_step == 2
+    assert any(
+        not torch.equal(old, new)
+        for old, new in zip(before.parameters(), trainer.model.parameters()))
+    trainer.model.eval()
+    rows, _, roots = rows_of(trainer, [task.messages_of(tasks(1)[0])])
+    to_new = to_old = 0.0
+    for (prompt_ids, completion_ids, mask, logprobs), root in zip(rows, roots):
+        if root < 0:
+            continue
+        mask = torch.tensor(mask, dtype=torch.bool)
+        engine = torch.tensor(logprobs)[mask]
+        new = model_logprobs(trainer.model, prompt_ids, completion_ids)
+        old = model_logprobs(before, prompt_ids, completion_ids)
+        to_new = max(to_new, float((engine - new[mask]).abs().max()))
+        to_old = max(to_old, float((engine - old[mask]).abs().max()))
+    assert to_new <= LOGPROB_TOLERANCE
+    assert to_old > 10 * LOGPROB_TOLERANCE
