@@ -3,11 +3,11 @@
 """`vllm serve` (V1) with the plugin on the tiny model, for the V1 tests.
 
 The server runs on 127.0.0.1 as docs/v1.md serves the plugin (the hook
-scheduler, the hooks' request check, the shutdown middleware) with the
-scripted logits processor, so each request carries its script as JSON in
-`vllm_xargs` (`scripted_body`), and a step delay for tests that need
-streams still running; the hooks' metrics reach `/metrics` through
-prometheus' multiprocess mode.
+scheduler, the hooks' request check, the shutdown and beam-search
+middleware) with the scripted logits processor, so each request carries
+its script as JSON in `vllm_xargs` (`scripted_body`), and a step delay for
+tests that need streams still running; the hooks' metrics reach
+`/metrics` through prometheus' multiprocess mode.
 """
 
 import json
@@ -81,6 +81,8 @@ def serve_command(model_path: Path, port: int,
         "sequence_hooks_testkit.v1_scripted_logits:StepDelayV1",
         "--middleware",
         "vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown",
+        "--middleware",
+        "vllm_sequence_hooks.beam_search.RefuseBeamSearch",
         *extra_args,
     ]
 

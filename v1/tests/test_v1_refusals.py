@@ -15,12 +15,14 @@ from vllm_sequence_hooks.config import SCHEDULER_CLS
 from vllm_sequence_hooks.config_check import HooksConfigCheck
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
+from sequence_hooks_testkit.conformance import hook_metric
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
+from sequence_hooks_testkit.v1_engines import assert_engine_clean
 from vllm import SamplingParams
 from vllm.config import (ModelConfig, ParallelConfig, SchedulerConfig,
                          SpeculativeConfig, VllmConfig)
 from vllm.exceptions import VLLMValidationError
-from vllm.sampling_params import StructuredOutputsParams
+from vllm.sampling_params import BeamSearchParams, StructuredOutputsParams
 
 
 def hooks(hook_ids, **changes):
@@ -175,3 +177,22 @@ def test_hooks_without_the_scheduler_are_refused_by_every_engine(
         model_config=ModelConfig(model=str(tiny_model_path), dtype="float32"))
     logits = torch.randn(2, 8)
     assert HooksConfigCheck(plain, cpu, False).apply(logits) is logits
+
+
+def test_offline_beam_search_runs_without_hooks(hooked_llm, hook_ids):
+    """Pinned upstream difference: `LLM.beam_search` runs in the frontend
+    as one-token requests, which no plugin code sees as beam search (the
+    server refuses it: `beam_search.RefuseBeamSearch`). A beam that takes
+    `<promise>` takes it as an ordinary token: its one-token request ends
+    in the step that sampled it, so nothing spawns, and a later step's
+    request has it in its prompt, where hooks never act."""
+    before = hook_metric(hooked_llm, "promises_spawned_total")
+    # After this prompt `<promise>` is the tiny model's 3rd choice, so a
+    # beam of 4 keeps it.
+    outputs = hooked_llm.beam_search([{
+        "prompt_token_ids": [16, 7]
+    }], BeamSearchParams(beam_width=4, max_tokens=1))
+    beams = outputs[0].sequences
+    assert [16, 7, hook_ids.promise] in [beam.tokens for beam in beams]
+    assert hook_metric(hooked_llm, "promises_spawned_total") == before
+    assert_engine_clean(hooked_llm)

@@ -180,3 +180,30 @@ def test_structured_outputs_get_a_readable_400(server, hook_ids,
                             json=body(hook_ids, tiny_model_path, False, chat),
                             timeout=REQUEST_TIMEOUT_S)
     assert healthy.status_code == 200
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+def test_beam_search_gets_v0s_400(server, hook_ids, tiny_model_path, chat):
+    """As V0: beam search runs each step as a one-token request that no
+    hook can act in, so the hooked server refuses it
+    (`beam_search.RefuseBeamSearch`) instead of answering 200 without
+    hooks; the same request without it is served."""
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    request = body(hook_ids, tiny_model_path, False, chat)
+    response = requests.post(server + path,
+                             json={
+                                 **request, "use_beam_search": True,
+                                 "n": 2
+                             },
+                             timeout=REQUEST_TIMEOUT_S)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == "use_beam_search"
+    assert error["message"].startswith(
+        "use_beam_search cannot be used with sequence hooks")
+    served = requests.post(server + path,
+                           json={
+                               **request, "use_beam_search": False
+                           },
+                           timeout=REQUEST_TIMEOUT_S)
+    assert served.status_code == 200
