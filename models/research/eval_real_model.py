@@ -35,6 +35,7 @@ import sys
 import time
 from math import comb
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -102,7 +103,8 @@ def chat_prompt(llm, messages: list[dict]) -> dict:
 
 def held_out_tasks(num_tasks: int,
                    seed: int,
-                   confusable: bool = False) -> list[task.Task]:
+                   confusable: bool = False,
+                   countries: Optional[list[str]] = None) -> list[task.Task]:
     """Parallel tasks over held-out countries, sizes 2 to 8 in turn.
 
     Args:
@@ -110,17 +112,18 @@ def held_out_tasks(num_tasks: int,
         seed: The seed of their draw.
         confusable: Whether each task holds a pair of held-out countries
             that share a word (`Guinea`, `Guinea-Bissau`).
+        countries: The countries to draw from; all held-out ones if None.
 
     Returns:
         The tasks.
     """
     rng = random.Random(seed)
+    countries = countries or task.HELD_OUT_COUNTRIES
     sizes = range(task.MIN_ITEMS, task.MAX_ITEMS + 1)
-    pairs = (task.confusable_pairs(task.HELD_OUT_COUNTRIES)
-             if confusable else None)
+    pairs = task.confusable_pairs(countries) if confusable else None
     return [
-        task.make_task(rng, task.HELD_OUT_COUNTRIES, True,
-                       sizes[i % len(sizes)], pairs) for i in range(num_tasks)
+        task.make_task(rng, countries, True, sizes[i % len(sizes)], pairs)
+        for i in range(num_tasks)
     ]
 
 
@@ -369,6 +372,12 @@ def main() -> None:
                         help="a delta folder as the training script writes "
                         "it, merged into the base first (default: the "
                         "committed one)")
+    parser.add_argument("--countries",
+                        nargs="+",
+                        choices=task.HELD_OUT_COUNTRIES,
+                        metavar="COUNTRY",
+                        help="draw the tasks from these held-out countries "
+                        "only (default: all of them)")
     parser.add_argument("--engine",
                         choices=("v0", "v1"),
                         default="v0",
@@ -377,8 +386,8 @@ def main() -> None:
                         "base's row is the engine's own")
     args = parser.parse_args()
     tasks = [
-        t for seed in args.seeds
-        for t in held_out_tasks(args.tasks, seed, args.confusable)
+        t for seed in args.seeds for t in held_out_tasks(
+            args.tasks, seed, args.confusable, args.countries)
     ]
     sequential = [task.Task(t.countries, False) for t in tasks]
     model = (
@@ -393,6 +402,7 @@ def main() -> None:
         "seeds": args.seeds,
         "tasks_per_seed": args.tasks,
         "confusable": args.confusable,
+        "countries": args.countries or "held-out",
         "parallel": run_form(llm, tasks),
         "sequential": run_form(llm, sequential),
     }

@@ -317,7 +317,9 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
         if tool_mask is None:
             tool_mask = [[1] * len(ids) for ids in completion_ids]
         for root, records in enumerate(children):
-            for record in records:
+            # A child aborted (its parent ended without syncing it) has no
+            # tokens recorded: nothing of it to train.
+            for record in filter(lambda r: r.token_ids, records):
                 ids, record_logprobs, mask = _row(record)
                 prompt_ids.append(list(record.context_token_ids))
                 completion_ids.append(ids)
@@ -344,7 +346,7 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
         metrics = self._metrics["train" if self.model.training else "eval"]
         real = [mask for mask, root in zip(masks, roots) if root >= 0]
         metrics["promise_tree/trees"].append(len(children))
-        metrics["promise_tree/children"].append(sum(map(len, children)))
+        metrics["promise_tree/children"].append(len(real) - len(children))
         metrics["promise_tree/trained_tokens"].append(sum(map(sum, real)))
         metrics["promise_tree/merged_tokens"].append(
             sum(len(mask) - sum(mask) for mask in real))
