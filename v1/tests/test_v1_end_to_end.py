@@ -8,6 +8,8 @@ every test the engine core must be clean: every KV block back in the pool,
 no request, no tree left.
 """
 
+from vllm_sequence_hooks.seams import check_vllm_version
+
 from sequence_hooks import training_records
 from sequence_hooks.lifecycle import derive_seed
 from sequence_hooks_testkit import conformance
@@ -108,8 +110,13 @@ def test_parked_parents_do_not_block_their_children(hooked_llm, hook_ids):
     engine = hooked_llm.llm_engine
     scheduler = scheduler_of(hooked_llm)
     plans = {(): [hook_ids.promise, hook_ids.sync, NONE], (0, ): [NONE] * 4}
-    limit = scheduler.max_num_active_reqs
-    scheduler.max_num_active_reqs = 2
+    # The scheduler's admission limit: vLLM 0.31 split it
+    # (`max_num_active_reqs`) from the model runner's rows
+    # (`max_num_running_reqs`), which 0.30 admits up to.
+    name = ("max_num_running_reqs"
+            if check_vllm_version() == "0.30.0" else "max_num_active_reqs")
+    limit = getattr(scheduler, name)
+    setattr(scheduler, name, 2)
     try:
         for request_id in ("71", "72"):
             engine.add_request(request_id, {"prompt_token_ids": [7, 8, 9]},
@@ -120,8 +127,34 @@ def test_parked_parents_do_not_block_their_children(hooked_llm, hook_ids):
                 break
             finished += [o.request_id for o in engine.step() if o.finished]
     finally:
-        scheduler.max_num_active_reqs = limit
+        setattr(scheduler, name, limit)
     assert sorted(finished) == ["71", "72"]
+    assert_engine_clean(hooked_llm)
+
+
+def test_a_resumed_parent_keeps_its_budget(hooked_llm, hook_ids):
+    """`max_tokens` counts the whole output, merged tokens included, across
+    a resume (the parent's output so far is prompt inside the engine core
+    after it); vLLM 0.30's `_update_request_as_session` would keep the
+    first chunk's budget (`releases.Release030`)."""
+    plans = {
+        (): [hook_ids.promise, hook_ids.sync] + [NONE] * 40,
+        (0, ): [NONE] * 3
+    }
+    [output] = conformance.run_hooked(V1,
+                                      hooked_llm,
+                                      hook_ids, ["the cat sees"], [plans],
+                                      max_tokens=12)
+    [completion] = output.outputs
+    tree = V1.promise_tree(output)
+    [(start, merged)] = tree.merged_spans
+    assert tree.children[0].finish_reason == "stop"
+    # `<promise>`, `<sync>`, the merge, then the parent's own tokens up to
+    # the budget.
+    assert start == 2 and 2 + merged < 12
+    assert len(completion.token_ids) == 12, completion.token_ids
+    assert tuple(completion.token_ids) == tree.token_ids
+    assert completion.finish_reason == tree.finish_reason == "length"
     assert_engine_clean(hooked_llm)
 
 

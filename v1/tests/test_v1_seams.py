@@ -9,18 +9,23 @@ member's test fails naming it, before any behaviour test has to be
 debugged. Further tests check that the table is complete (every vLLM
 name the plugin imports, every scheduler member it reaches, every field
 of a request or output it touches is in it), that no hook method shadows
-an upstream one by accident, that docs/seams.md shows the table, and that
-the plugin refuses a vLLM without a record.
+an upstream one by accident, that docs/seams.md shows the table, that each
+upstream method copied for a release that lacks it is its recorded diff
+of the hashed upstream method, and that the plugin refuses a vLLM without
+a record.
 """
 
 import ast
+import dataclasses
+import difflib
 import importlib.metadata
 import inspect
 from pathlib import Path
 
 import pytest
 import vllm_sequence_hooks
-from vllm_sequence_hooks import seams, tripwires
+from vllm_sequence_hooks import releases, seams, tripwires
+from vllm_sequence_hooks.releases import RELEASES, VENDORED, Release030
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 from vllm_sequence_hooks.seams import (SEAMS, SUPPORTED_VLLM_VERSIONS,
                                        UnsupportedVllmVersion,
@@ -42,7 +47,6 @@ _SCHEDULER_RECEIVERS = {
     "super()": _SCHED,
     "self.kv_cache_manager": "vllm.v1.core.kv_cache_manager:KVCacheManager",
     "self.waiting": "vllm.v1.core.sched.request_queue:RequestQueue",
-    "self.kv_holding_waiting": "vllm.v1.core.sched.request_queue:RequestQueue",
 }
 # Per plugin module: the expressions whose attributes it reaches, and the
 # upstream class each is an instance of.
@@ -99,7 +103,17 @@ RECEIVERS = {
         "request": _REQUEST,
         "queue": "vllm.v1.core.sched.request_queue:FCFSRequestQueue",
     },
+    "releases.py": {
+        "Scheduler": _SCHED,
+        "scheduler": _SCHED,
+        "request": _REQUEST,
+        "session": _REQUEST,
+        "update": "vllm.v1.request:StreamingUpdate",
+    },
 }
+# Per plugin module: the expressions, other than `self` and `super()`, that
+# are the plugin's own scheduler (its own members need no seam).
+OWN_SCHEDULER = {"ordering.py": ("scheduler", )}
 # The plugin's scheduler classes, by module.
 HOOK_CLASSES = {
     "parking.py": ("ParkingScheduler", ),
@@ -133,7 +147,7 @@ def test_each_supported_version_records_every_seam(version):
         f"seams_{version.replace('.', '_')}.py does not record exactly "
         f"the seams of SEAMS, in order")
     for seam in SEAMS:
-        if tripwires.hashed(seam):
+        if tripwires.hashed(seam) and not record[seam.member].absent:
             assert record[seam.member].source_sha256, (
                 f"{seam.member}: {seam.kind}, its source must be hashed")
 
@@ -144,6 +158,10 @@ def _seam(member: str):
 
 def _holds_kv_blocks_changed(request):
     return request.num_computed_tokens > 1
+
+
+def _is_blocked_waiting_status_changed(status):
+    return False
 
 
 def _free_with_a_new_parameter(self, request, keep_prefix):
@@ -160,9 +178,9 @@ def _detokenizer_reading_more(self, request):
 
 
 @pytest.mark.parametrize("member, owner, name, change, expected", [
-    (f"{_SCHED}._holds_kv_blocks",
-     "vllm.v1.core.sched.scheduler:Scheduler", "_holds_kv_blocks",
-     staticmethod(_holds_kv_blocks_changed), "changed source"),
+    (f"{_SCHED}._is_blocked_waiting_status",
+     "vllm.v1.core.sched.scheduler:Scheduler", "_is_blocked_waiting_status",
+     staticmethod(_is_blocked_waiting_status_changed), "changed source"),
     ("vllm.v1.core.kv_cache_manager:KVCacheManager.free",
      "vllm.v1.core.kv_cache_manager:KVCacheManager", "free",
      _free_with_a_new_parameter, "changed signature"),
@@ -196,6 +214,76 @@ def test_an_upstream_change_trips_the_wire(monkeypatch, member, owner, name,
     report = "\n".join(tripwires.check(_seam(member), installed_version()))
     assert expected in report, report
     assert member.split(":")[1].split(".")[0] in report, report
+
+
+def test_a_member_the_record_lacks_trips_the_wire_when_it_appears(monkeypatch):
+    """A member the installed release's record says it lacks (the plugin
+    does without it there, `releases`) must not appear unrecorded."""
+    record = tripwires.record(installed_version())
+    absent = [seam for seam in SEAMS if record[seam.member].absent]
+    assert absent, (f"vLLM {installed_version()}'s record lacks nothing: "
+                    "every supported release lacks a member another has")
+    assert not tripwires.check(absent[0], installed_version())
+    module, owner, names = tripwires.split_member(absent[0].member)
+    monkeypatch.setattr(tripwires.resolve(f"{module}:{owner}"),
+                        names[0],
+                        None,
+                        raising=False)
+    report = "\n".join(tripwires.check(absent[0], installed_version()))
+    assert "record it" in report and names[0] in report, report
+
+
+# ------------------------------------------- what differs between releases
+
+
+def test_each_supported_release_has_its_implementation():
+    assert sorted(RELEASES) == sorted(SUPPORTED_VLLM_VERSIONS)
+    assert releases.for_installed() is RELEASES[installed_version()]
+    # 0.30.0 only lacks what the rows naming `releases.Release030` say.
+    record = tripwires.record("0.30.0")
+    lacks = {seam.member for seam in SEAMS if record[seam.member].absent}
+    assert lacks == {
+        f"{_SCHED}._holds_kv_blocks", f"{_SCHED}.kv_holding_waiting"
+    }
+    for member in lacks:
+        assert "releases.Release" in _seam(member).why, member
+
+
+@pytest.mark.parametrize("vendored", VENDORED, ids=lambda v: v.copy)
+def test_each_copied_method_is_its_recorded_diff_of_upstream(vendored):
+    """The copy's code with its recorded diff undone is the upstream
+    method whose source the release's record hashes; where the installed
+    vLLM has that method, it is still that source."""
+    problems = tripwires.check_vendored(vendored, installed_version())
+    assert not problems, "\n".join(problems)
+    assert tripwires.hashed(_seam(vendored.upstream))
+
+
+def test_a_changed_copy_trips_the_wire_unless_its_diff_is_recorded(
+        monkeypatch):
+    vendored = next(v for v in VENDORED
+                    if v.copy.endswith("Release030._holds_kv_blocks"))
+    upstream = tripwires.code(Release030._holds_kv_blocks)
+    monkeypatch.setattr(Release030, "_holds_kv_blocks",
+                        staticmethod(_holds_kv_blocks_changed))
+    report = "\n".join(tripwires.check_vendored(vendored, installed_version()))
+    assert "with its recorded diff undone is not vLLM 0.31.0's" in report, (
+        report)
+    # With the change recorded as its diff, the copy is upstream's again.
+    diff = tuple(
+        difflib.ndiff(
+            upstream.splitlines(keepends=True),
+            tripwires.code(_holds_kv_blocks_changed).splitlines(
+                keepends=True)))
+    assert not tripwires.check_vendored(
+        dataclasses.replace(vendored, diff=diff), installed_version())
+    report = "\n".join(
+        tripwires.check_vendored(
+            dataclasses.replace(vendored,
+                                diff=tuple(line for line in diff
+                                           if not line.startswith("+ "))),
+            installed_version()))
+    assert "is not its recorded diff's copy" in report, report
 
 
 # ------------------------------------------------------ the table complete
@@ -284,11 +372,12 @@ def test_the_plugin_reaches_only_recorded_members(module):
         receiver = ast.unparse(node.value)
         if receiver not in receivers:
             continue
-        if receiver in ("self", "super()") and node.attr in own - {
-                seam_name
-                for seam in SEAMS if seam.member.startswith(_SCHED)
-                for seam_name in tripwires.split_member(seam.member)[2]
-        }:
+        if receiver in ("self", "super()") + OWN_SCHEDULER.get(
+                module, ()) and node.attr in own - {
+                    seam_name
+                    for seam in SEAMS if seam.member.startswith(_SCHED)
+                    for seam_name in tripwires.split_member(seam.member)[2]
+                }:
             continue
         cls = tripwires.resolve(receivers[receiver])
         if not _covers(receivers[receiver], cls, node.attr):

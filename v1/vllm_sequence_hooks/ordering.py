@@ -62,7 +62,7 @@ class CriticalPathOrder:
             request
             for _, request in self._sorted(scheduler, scheduler.running)
         ]
-        for queue in (scheduler.kv_holding_waiting, scheduler.waiting):
+        for queue in scheduler.waiting_queues():
             if not isinstance(queue, deque):
                 # The priority policy's heap: the user's order.
                 continue

@@ -20,8 +20,11 @@ its eviction under pressure.
 
 from typing import Optional
 
+from vllm_sequence_hooks.releases import for_installed
+
 from sequence_hooks.lifecycle import PromiseCoordinator
 from vllm.utils.math_utils import cdiv
+from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
@@ -34,6 +37,8 @@ class ParkingScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # What differs on the installed vLLM release.
+        self.release = for_installed()
         # Children not yet admitted: their parent and the parent's tokens
         # computed at the fork, which are their prefix hit.
         self.pending_forks: dict[str, tuple[str, int]] = {}
@@ -105,8 +110,14 @@ class ParkingScheduler(Scheduler):
         queued as one."""
         self.evicted.discard(request.request_id)
         request.num_computed_tokens = 0
-        self.kv_holding_waiting.remove_request(request)
+        self.release.kv_holding_queue(self).remove_request(request)
         self.waiting.prepend_request(request)
+
+    def waiting_queues(self) -> tuple[RequestQueue, RequestQueue]:
+        """The queues upstream admits from, in its order: the waiting
+        requests that hold KV blocks (parked and resumed parents), then
+        the others."""
+        return self.release.kv_holding_queue(self), self.waiting
 
     def forget_kv_state(self, request_id: str) -> None:
         """Drops a finished or aborted member's KV bookkeeping."""
@@ -126,7 +137,7 @@ class ParkingScheduler(Scheduler):
             return
         admissible = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
         candidate = next(
-            (request for queue in (self.kv_holding_waiting, self.waiting)
+            (request for queue in self.waiting_queues()
              for request in queue if request.status in admissible), None)
         if candidate is None:
             return
@@ -178,7 +189,7 @@ class ParkingScheduler(Scheduler):
     def _has_blocks(self, request: Request) -> bool:
         """Holds KV blocks: an evicted parked parent keeps its computed
         count (its resume cuts its tokens there) but holds none."""
-        return (self._holds_kv_blocks(request)
+        return (self.release.holds_kv_blocks(request)
                 and request.request_id not in self.evicted)
 
     def _get_local_prefix_cache_hit(self, request: Request):

@@ -402,8 +402,8 @@ class SequenceHookScheduler(ParkingScheduler):
         # KV and drops the uncomputed sampled token, given back here. The
         # model runner keeps the request's generator: a seeded parent goes
         # on with its own stream, replaying nothing.
-        self._update_request_as_session(
-            request,
+        self.release.update_request_as_session(
+            self, request,
             StreamingUpdate(mm_features=None,
                             prompt_token_ids=sync_token + token_ids,
                             max_tokens=max_tokens,

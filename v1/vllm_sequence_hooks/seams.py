@@ -24,7 +24,7 @@ from typing import Optional
 
 # vLLM releases the plugin was tested on, each with its record
 # (`seams_0_32_0.py` for 0.32.0), oldest first.
-SUPPORTED_VLLM_VERSIONS = ("0.31.0", "0.32.0")
+SUPPORTED_VLLM_VERSIONS = ("0.30.0", "0.31.0", "0.32.0")
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,32 @@ class Expect:
     source_sha256: Optional[str] = None
     # For a class we subclass: exactly the methods it defines itself.
     defines: Optional[tuple[str, ...]] = None
+    # The version has none of the seam's names: the plugin does without
+    # them there (`releases`), and they must not appear unrecorded.
+    absent: bool = False
+
+
+@dataclass(frozen=True)
+class Vendored:
+    """An upstream method copied into the plugin for a release that lacks
+    it (`releases.VENDORED`).
+
+    `diff` is `difflib.ndiff` of the upstream method's code and the
+    copy's (`tripwires.code`: comments and layout left out, so a comment
+    rewrapped to 80 columns is no difference), empty when they are the
+    same.
+    """
+
+    # The copy, `module:Qualified.name`.
+    copy: str
+    # The seam of the upstream method and the release copied from; the
+    # sha256 of its source is that release's record's.
+    upstream: str
+    release: str
+    source_sha256: str
+    # sha256 of the upstream method's `tripwires.code`.
+    code_sha256: str
+    diff: tuple[str, ...] = ()
 
 
 class UnsupportedVllmVersion(RuntimeError):
@@ -81,6 +107,7 @@ _ADMISSION = ("V1 lets a scheduler plugin refuse a request in the frontend, "
               "with a reason")
 _SHUTDOWN = ("upstream's shutdown gives every open request a final output "
              "before uvicorn waits for their streams")
+_ONLY_030 = "vLLM 0.30.0 leaves `SUPPORTED_VLLM_VERSIONS`"
 _STOP = ("upstream checks stop strings in the engine core, or reports the "
          "frontend's stop to the scheduler before the request's last output")
 
@@ -129,11 +156,14 @@ SEAMS: tuple[Seam, ...] = (
     Seam(
         f"{_SCHED}._enqueue_waiting_request", "calls",
         "a park queues the parent where upstream queues a waiting "
-        "session (deferred, with the requests holding KV)", _PARK),
+        "session (deferred, with the requests holding KV; on 0.30 in "
+        "`skipped_waiting`)", _PARK),
     Seam(
         f"{_SCHED}._holds_kv_blocks", "calls",
         "eviction's arithmetic: whether a waiting request (a resumed "
-        "parent) still holds blocks", _EVICT),
+        "parent) still holds blocks; vLLM 0.30 lacks it, "
+        "`releases.Release030` runs a copy of 0.31.0's "
+        "(`releases.VENDORED`)", _EVICT),
     Seam(
         f"{_SCHED}._is_blocked_waiting_status", "relies on",
         "a parked parent (`WAITING_FOR_STREAMING_REQ`) is blocked: "
@@ -141,7 +171,8 @@ SEAMS: tuple[Seam, ...] = (
     Seam(
         f"{_SCHED}._handle_stopped_request", "relies on",
         "`ParkingScheduler.park` repeats how it drops a finished "
-        "streaming turn's step in flight (async scheduling)", _PARK),
+        "streaming turn's step in flight (async scheduling; 0.30's keeps "
+        "it, the park drops it on every release)", _PARK),
     # The scheduler: attributes.
     Seam(
         f"{_SCHED}.requests", "reads, writes",
@@ -151,10 +182,21 @@ SEAMS: tuple[Seam, ...] = (
          "a park takes the parent out; eviction runs only when it is empty",
          _PARK),
     Seam(
-        f"{_SCHED}.{{waiting,kv_holding_waiting}}", "reads, writes",
-        "a child and an evicted parent go first (`prepend_request`), an "
-        "evicted parent leaves the KV-holding queue; eviction finds the "
-        "next request to admit in both", _EVICT),
+        f"{_SCHED}.waiting", "reads, writes",
+        "a child and an evicted parent go first (`prepend_request`); "
+        "eviction finds the next request to admit there, after the "
+        "KV-holding queue; `critical_path_first` orders both", _EVICT),
+    Seam(
+        f"{_SCHED}.kv_holding_waiting", "reads, writes",
+        "the KV-holding queue from vLLM 0.31 on "
+        "(`releases.Release.kv_holding_queue`): an evicted parent leaves "
+        "it, eviction and `critical_path_first` read it", _EVICT),
+    Seam(
+        f"{_SCHED}.skipped_waiting", "reads, writes",
+        "vLLM 0.30's KV-holding queue (`releases.Release030`): one queue "
+        "of waiting requests that are blocked (a parked parent) or hold "
+        "blocks (a resumed one), drained before `waiting`, which 0.31 "
+        "split into `kv_holding_waiting` and `deferred_waiting`", _ONLY_030),
     Seam(
         f"{_SCHED}.num_waiting_for_streaming_input", "writes",
         "a parked parent is counted as upstream counts a parked session, "
@@ -235,6 +277,13 @@ SEAMS: tuple[Seam, ...] = (
         "drop_stale_output,num_stale_output_tokens}", "writes",
         "a park, as `_handle_stopped_request` does it; an evicted parent "
         "recomputes from 0", _PARK),
+    Seam(
+        "vllm.v1.request:Request.max_tokens", "writes",
+        "vLLM 0.30's `_update_request_as_session` keeps a session's "
+        "first budget (0.31 on sets the update's): on 0.30 the resume sets "
+        "the parent's remaining budget itself "
+        "(`releases.Release030.update_request_as_session`), else a resumed "
+        "parent runs past it and the model's length", _ONLY_030),
     Seam("vllm.v1.request:Request.is_finished", "calls",
          "a member aborted or stopped earlier in the step has no events",
          _STATE),

@@ -52,9 +52,12 @@ RECORD: dict[str, Expect] = {
     Expect(),
     "vllm.v1.core.sched.scheduler:Scheduler.running":
     Expect(),
-    ("vllm.v1.core.sched.scheduler:Scheduler.{waiting"
-     ",kv_holding_waiting}"):
+    "vllm.v1.core.sched.scheduler:Scheduler.waiting":
     Expect(),
+    "vllm.v1.core.sched.scheduler:Scheduler.kv_holding_waiting":
+    Expect(),
+    "vllm.v1.core.sched.scheduler:Scheduler.skipped_waiting":
+    Expect(absent=True),
     "vllm.v1.core.sched.scheduler:Scheduler.num_waiting_for_streaming_input":
     Expect(),
     ("vllm.v1.core.sched.scheduler:Scheduler.{kv_cache_manager"
@@ -104,6 +107,8 @@ RECORD: dict[str, Expect] = {
     ("vllm.v1.request:Request.{status,num_computed_tokens"
      ",num_output_placeholders,num_in_flight_tokens,spec_token_ids"
      ",drop_stale_output,num_stale_output_tokens}"):
+    Expect(),
+    "vllm.v1.request:Request.max_tokens":
     Expect(),
     "vllm.v1.request:Request.is_finished":
     Expect("(self)"),

