@@ -441,6 +441,19 @@ SEAMS: tuple[Seam, ...] = (
         "vllm.config:ModelConfig.logits_processors", "reads",
         "the scheduler refuses to start unless `--logits-processors` names "
         "the request check", _PUBLIC),
+    # GRPO on promise trees (`rl`): TRL's colocated engine, hooked.
+    Seam(
+        "vllm.entrypoints.llm:LLM.{generate,collective_rpc,"
+        "reset_prefix_cache,get_tokenizer,llm_engine}", "calls",
+        "tree rollouts on TRL's colocated engine, the trainer's weights "
+        "loaded between them, the prefix cache reset after a load, the "
+        "hook ids; the engine's `additional_config`", _PUBLIC),
+    Seam(
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights",
+        "calls", "the trainer's weights into the engine, through "
+        "`LLM.collective_rpc` and the worker's `reload_weights`, all at once "
+        "and repacked: the CPU backend cannot take a tensor at a time after "
+        "start (its workers inherit both)", "never: vLLM's weight reload"),
     # Shutdown (`shutdown`, ASGI middleware of the API server).
     Seam(
         "vllm.entrypoints.launchers.launcher:serve_http", "relies on",

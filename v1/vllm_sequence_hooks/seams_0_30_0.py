@@ -227,6 +227,11 @@ RECORD: dict[str, Expect] = {
     Expect(),
     "vllm.config:ModelConfig.logits_processors":
     Expect(),
+    ("vllm.entrypoints.llm:LLM.{generate,collective_rpc,"
+     "reset_prefix_cache,get_tokenizer,llm_engine}"):
+    Expect(),
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights":
+    Expect("(self, weights_iterator=, weights_path=, is_checkpoint_format=)"),
     "vllm.entrypoints.launchers.launcher:serve_http":
     Expect("(app, sock, enable_ssl_refresh=, **uvicorn_kwargs)",
            "6a9352a3c955ab5b79006785241bfd70f5d717830cbec61030fa02655edfac6c"),

@@ -217,6 +217,11 @@ RECORD: dict[str, Expect] = {
     Expect(),
     "vllm.config:ModelConfig.logits_processors":
     Expect(),
+    ("vllm.entrypoints.llm:LLM.{generate,collective_rpc,"
+     "reset_prefix_cache,get_tokenizer,llm_engine}"):
+    Expect(),
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights":
+    Expect("(self, weights_iterator=, weights_path=, is_checkpoint_format=)"),
     "vllm.entrypoints.launchers.launcher:serve_http":
     Expect("(app, sock, enable_ssl_refresh=, **uvicorn_kwargs)",
            "103d4157e66f4eee4664070ff3c649966bc3fbebbbf47016706c12ebff23570f"),

@@ -219,6 +219,11 @@ RECORD: dict[str, Expect] = {
     Expect(),
     "vllm.config:ModelConfig.logits_processors":
     Expect(),
+    ("vllm.entrypoints.llm:LLM.{generate,collective_rpc,"
+     "reset_prefix_cache,get_tokenizer,llm_engine}"):
+    Expect(),
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights":
+    Expect("(self, weights_iterator=, weights_path=, is_checkpoint_format=)"),
     "vllm.entrypoints.launchers.launcher:serve_http":
     Expect("(app, sock, enable_ssl_refresh=, peer_loads=, **uvicorn_kwargs)",
            "f471b91743318731b51c325292f51b46167f798c86f1082b62bf045bc3886e0b"),
