@@ -21,7 +21,10 @@ mechanics are requests: a fork sends the child's context as a prompt, a
 park waits, a resume sends a continuation. What stays the client's:
 finishing (a hook token that is the last allowed token finishes the
 sequence with "length", as the engine's stop check runs first) and the
-engine's incremental detokenization of each sequence's text.
+engine's incremental detokenization of each sequence's text: V0's
+(`IncrementalText`) with vLLM 0.9, V1's frontend's (`FrontendText`) with
+vLLM 0.3x, where a child's text starts after its context as the V1
+plugin's child request's does.
 
 The join logic is transport-neutral: a transport sends a request and
 calls back with its new tokens. `EngineTransport` drives an in-process
@@ -89,8 +92,8 @@ class Transport(Protocol):
 
 
 class IncrementalText:
-    """A sequence's output text, built token by token as the engine's
-    detokenizer builds it (`Detokenizer.decode_sequence_inplace`).
+    """A sequence's output text, built token by token as V0's detokenizer
+    builds it (`Detokenizer.decode_sequence_inplace`).
 
     Args:
         tokenizer: The model's tokenizer (as `vllm`'s `get_tokenizer`
@@ -109,10 +112,14 @@ class IncrementalText:
                                          skip_special_tokens=True))
         self.text = ""
 
-    def copy(self) -> "IncrementalText":
+    def forked(self, token_ids: list[int]) -> "IncrementalText":
+        """A child's text: this sequence's, continued with ``token_ids``
+        (V0 forks the sequence, detokenizer state included)."""
         clone = object.__new__(IncrementalText)
         clone.__dict__.update(self.__dict__)
         clone.ids, clone.tokens = list(self.ids), list(self.tokens)
+        for token_id in token_ids:
+            clone.append(token_id)
         return clone
 
     def append(self, token_id: int) -> None:
@@ -120,7 +127,7 @@ class IncrementalText:
         from vllm.transformers_utils.detokenizer_utils import (
             detokenize_incrementally)
         self.ids.append(token_id)
-        new_tokens, new_text, self.prefix_offset, self.read_offset = (
+        new_tokens, piece, self.prefix_offset, self.read_offset = (
             detokenize_incrementally(self.tokenizer,
                                      self.ids,
                                      self.tokens,
@@ -128,7 +135,65 @@ class IncrementalText:
                                      self.read_offset,
                                      skip_special_tokens=True))
         self.tokens.extend(new_tokens)
-        self.text += new_text
+        self.text += piece
+
+
+class FrontendText:
+    """A sequence's output text as V1's frontend builds it (its
+    `IncrementalDetokenizer`, the one the V1 plugin's
+    `stop_strings.frontend_text` uses for a member's text).
+
+    Args:
+        tokenizer: The model's tokenizer.
+        prompt_ids: The sequence's prompt: a child's starts after its
+            `<promise>` and role marker, as the plugin's child request's.
+    """
+
+    def __init__(self, tokenizer, prompt_ids: list[int]):
+        from types import SimpleNamespace
+
+        from vllm import SamplingParams
+        from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids)
+        self._detokenizer = IncrementalDetokenizer.from_new_request(
+            tokenizer,
+            SimpleNamespace(request_id="",
+                            prompt_token_ids=list(prompt_ids),
+                            prompt_embeds=None,
+                            sampling_params=SamplingParams()))
+
+    @property
+    def text(self) -> str:
+        return self._detokenizer.output_text
+
+    def forked(self, token_ids: list[int]) -> "FrontendText":
+        """A child's text: a new request over this sequence's context and
+        ``token_ids`` (V1 forks by a new request)."""
+        return FrontendText(self.tokenizer, self.ids + list(token_ids))
+
+    def append(self, token_id: int) -> None:
+        """Appends one token and its text."""
+        self.ids.append(token_id)
+        self._detokenizer.update([token_id], False)
+
+
+def new_text(tokenizer, prompt_ids: list[int]):
+    """A request's text, as the installed vLLM's engine builds it: V0's
+    detokenizer (vLLM 0.9) or V1's frontend (vLLM 0.3x).
+
+    Args:
+        tokenizer: The model's tokenizer.
+        prompt_ids: The request's prompt.
+
+    Returns:
+        An `IncrementalText` or a `FrontendText`.
+    """
+    try:
+        import vllm.transformers_utils.detokenizer_utils  # noqa: F401
+    except ImportError:
+        return FrontendText(tokenizer, prompt_ids)
+    return IncrementalText(tokenizer, prompt_ids)
 
 
 @dataclass(eq=False)
@@ -139,7 +204,7 @@ class JoinSequence:
     # Its role path.
     role: RolePath
     # Its context and own tokens so far, with their text.
-    text: IncrementalText
+    text: "IncrementalText | FrontendText"
     # Tokens of ``text.ids`` before its own (the context it started with).
     context_len: int
     # Characters of ``text.text`` before its own.
@@ -218,8 +283,7 @@ class JoinTask:
             tokenizer.convert_ids_to_tokens(sorted(hooks.hook_token_ids)))
         self.sequences = {
             task_id:
-            JoinSequence(task_id, (),
-                         IncrementalText(tokenizer, self.prompt_ids),
+            JoinSequence(task_id, (), new_text(tokenizer, self.prompt_ids),
                          len(self.prompt_ids), 0)
         }
         self.request_counter = itertools.count()
@@ -323,9 +387,7 @@ class JoinTask:
         # Seeds go through unchanged (a client cannot reproduce the hooks'
         # random streams), budgets are the request's (`_send`).
         parent = self.sequences[child.parent_id]
-        text = parent.text.copy()
-        for token_id in child.context_tokens:
-            text.append(token_id)
+        text = parent.text.forked(child.context_tokens)
         seq = JoinSequence(child.request_id,
                            parent.role + (parent.num_children, ), text,
                            len(text.ids), len(text.text))
