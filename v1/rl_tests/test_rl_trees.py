@@ -46,23 +46,27 @@ def trainer(real_model, tmp_path_factory):
     dataset = Dataset.from_list([{
         "prompt": task.messages_of(t)
     } for t in tasks(4)])
-    config = GRPOConfig(output_dir=str(tmp_path_factory.mktemp("grpo")),
-                        use_vllm=True,
-                        vllm_mode="colocate",
-                        per_device_train_batch_size=1,
-                        gradient_accumulation_steps=GENERATIONS,
-                        num_generations=GENERATIONS,
-                        max_completion_length=160,
-                        learning_rate=1e-4,
-                        optim="adafactor",
-                        gradient_checkpointing=True,
-                        max_steps=2,
-                        use_cpu=True,
-                        bf16=False,
-                        report_to=[],
-                        save_strategy="no",
-                        disable_tqdm=True,
-                        seed=0)
+    config = GRPOConfig(
+        output_dir=str(tmp_path_factory.mktemp("grpo")),
+        use_vllm=True,
+        vllm_mode="colocate",
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=GENERATIONS,
+        num_generations=GENERATIONS,
+        max_completion_length=160,
+        # Large, so that two steps move the logprobs of
+        # text the model would not write by far more than
+        # the tolerance.
+        learning_rate=1e-3,
+        optim="adafactor",
+        gradient_checkpointing=True,
+        max_steps=2,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0)
     return PromiseTreeGRPOTrainer(
         model=AutoModelForCausalLM.from_pretrained(real_model,
                                                    dtype=torch.float32),
@@ -170,8 +174,22 @@ def test_each_child_row_gets_its_roots_advantage(trainer):
     assert difference[loss_mask.bool()].max() <= LOGPROB_TOLERANCE
 
 
-def test_two_steps_change_the_weights_and_the_next_rollout_uses_them(
-        trainer, real_model):
+def engine_prompt_logprobs(llm, ids) -> torch.Tensor:
+    """The engine's logprob of each token of ``ids`` after the ones
+    before it."""
+    from vllm.sampling_params import SamplingParams
+    output = llm.generate([{
+        "prompt_token_ids": ids
+    }],
+                          SamplingParams(max_tokens=1, prompt_logprobs=0),
+                          use_tqdm=False)[0]
+    return torch.tensor([
+        entry[token].logprob
+        for token, entry in zip(ids[1:], output.prompt_logprobs[1:])
+    ])
+
+
+def test_two_steps_change_the_weights_and_the_next_rollout_uses_them(trainer):
     before = copy.deepcopy(trainer.model).eval()
     trainer.train()
     assert trainer.state.global_step == 2
@@ -179,16 +197,30 @@ def test_two_steps_change_the_weights_and_the_next_rollout_uses_them(
         not torch.equal(old, new)
         for old, new in zip(before.parameters(), trainer.model.parameters()))
     trainer.model.eval()
+    # The two steps move the logprobs of this near-certain model by less
+    # than the tolerance; a known change on top of them (5 % of the
+    # embedding, which the output layer is tied to) tells whether the
+    # engine samples from the trainer's weights as they are now.
+    with torch.no_grad():
+        trainer.model.get_input_embeddings().weight.mul_(1.05)
+    # The next rollout loads the trainer's weights first; its trained
+    # tokens' logprobs are the trainer model's.
     rows, _, roots = rows_of(trainer, [task.messages_of(tasks(1)[0])])
-    to_new = to_old = 0.0
+    largest = 0.0
     for (prompt_ids, completion_ids, mask, logprobs), root in zip(rows, roots):
         if root < 0:
             continue
         mask = torch.tensor(mask, dtype=torch.bool)
-        engine = torch.tensor(logprobs)[mask]
         new = model_logprobs(trainer.model, prompt_ids, completion_ids)
-        old = model_logprobs(before, prompt_ids, completion_ids)
-        to_new = max(to_new, float((engine - new[mask]).abs().max()))
-        to_old = max(to_old, float((engine - old[mask]).abs().max()))
-    assert to_new <= LOGPROB_TOLERANCE
-    assert to_old > 10 * LOGPROB_TOLERANCE
+        largest = max(
+            largest,
+            float((torch.tensor(logprobs)[mask] - new[mask]).abs().max()))
+    assert largest <= LOGPROB_TOLERANCE
+    ids = trainer.processing_class("Lima is the capital of France, and "
+                                   "Paris of Peru. Hello world")["input_ids"]
+    engine = engine_prompt_logprobs(trainer.vllm_generation.llm, ids)
+    context, tokens = ids[:1], ids[1:]
+    new = model_logprobs(trainer.model, context, tokens)
+    old = model_logprobs(before, context, tokens)
+    assert (engine - new).abs().max() <= LOGPROB_TOLERANCE
+    assert (engine - old).abs().max() > 10 * LOGPROB_TOLERANCE

@@ -454,6 +454,13 @@ SEAMS: tuple[Seam, ...] = (
         "`LLM.collective_rpc` and the worker's `reload_weights`, all at once "
         "and repacked: the CPU backend cannot take a tensor at a time after "
         "start (its workers inherit both)", "never: vLLM's weight reload"),
+    Seam(
+        "vllm.model_executor.layers.vocab_parallel_embedding:"
+        "UnquantizedEmbeddingMethod.process_weights_after_loading",
+        "relies on", "after a reload, a tied output layer is processed "
+        "again: on CPU it repacks the linear kernel's copy of the weights "
+        "(`reload_weights` leaves the old copy)",
+        "vLLM's reload re-processes tied layers"),
     # Shutdown (`shutdown`, ASGI middleware of the API server).
     Seam(
         "vllm.entrypoints.launchers.launcher:serve_http", "relies on",

@@ -232,6 +232,10 @@ RECORD: dict[str, Expect] = {
     Expect(),
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights":
     Expect("(self, weights_iterator=, weights_path=, is_checkpoint_format=)"),
+    ("vllm.model_executor.layers.vocab_parallel_embedding:"
+     "UnquantizedEmbeddingMethod.process_weights_after_loading"):
+    Expect("(self, layer)",
+           "3f18c9f56bcc9abd6b1496476855cff57322e8bb0527a1949b73b0c08f6d8f8a"),
     "vllm.entrypoints.launchers.launcher:serve_http":
     Expect("(app, sock, enable_ssl_refresh=, **uvicorn_kwargs)",
            "6a9352a3c955ab5b79006785241bfd70f5d717830cbec61030fa02655edfac6c"),

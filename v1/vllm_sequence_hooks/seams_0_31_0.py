@@ -222,6 +222,10 @@ RECORD: dict[str, Expect] = {
     Expect(),
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights":
     Expect("(self, weights_iterator=, weights_path=, is_checkpoint_format=)"),
+    ("vllm.model_executor.layers.vocab_parallel_embedding:"
+     "UnquantizedEmbeddingMethod.process_weights_after_loading"):
+    Expect("(self, layer)",
+           "3f18c9f56bcc9abd6b1496476855cff57322e8bb0527a1949b73b0c08f6d8f8a"),
     "vllm.entrypoints.launchers.launcher:serve_http":
     Expect("(app, sock, enable_ssl_refresh=, **uvicorn_kwargs)",
            "103d4157e66f4eee4664070ff3c649966bc3fbebbbf47016706c12ebff23570f"),
