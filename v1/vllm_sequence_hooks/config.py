@@ -37,6 +37,15 @@ def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
     if raw is None:
         raise ValueError(f"SequenceHookScheduler needs additional_config="
                          f"{{'{CONFIG_KEY}': {{...}}}}")
+    return parse_special_kwargs(raw)
+
+
+def parse_special_kwargs(raw: Any) -> SpecialKwargs:
+    """A SpecialKwargs from itself, a dict of its fields or its JSON.
+
+    Raises:
+        ValueError: if it is invalid.
+    """
     if isinstance(raw, SpecialKwargs):
         return raw
     if isinstance(raw, str):
@@ -96,15 +105,12 @@ def hooked_engine_args(special_kwargs: Any) -> dict[str, Any]:
         ValueError: if ``special_kwargs`` is invalid.
     """
     check_vllm_version()
+    parsed = parse_special_kwargs(special_kwargs)
     if isinstance(special_kwargs, SpecialKwargs):
         special_kwargs = {
-            name: getattr(special_kwargs, name)
+            name: getattr(parsed, name)
             for name in SpecialKwargs.__dataclass_fields__
         }
-    elif isinstance(special_kwargs, str):
-        SpecialKwargs.from_json(special_kwargs)
-    else:
-        SpecialKwargs(**special_kwargs)
     return {
         "scheduler_cls": SCHEDULER_CLS,
         "additional_config": {

@@ -36,7 +36,9 @@ import torch
 import trl
 import trl.generation.vllm_generation as trl_vllm_generation
 from trl import GRPOTrainer
-from vllm_sequence_hooks.config import CONFIG_KEY, hooked_engine_args
+from vllm_sequence_hooks.config import (hooked_engine_args,
+                                        parse_special_kwargs,
+                                        special_kwargs_of)
 from vllm_sequence_hooks.outputs import promise_tree
 
 from sequence_hooks import PromiseNode, SpecialKwargs
@@ -87,12 +89,9 @@ TREE_KEY = "promise_tree"
 
 
 def _special_kwargs(llm: Any) -> SpecialKwargs:
-    """The hooked engine's resolved configuration."""
-    scheduler_config = llm.llm_engine.vllm_config
-    special = scheduler_config.additional_config[CONFIG_KEY]
-    special = (SpecialKwargs(**special) if isinstance(special, dict) else
-               SpecialKwargs.from_json(special))
-    return special.resolve(llm.get_tokenizer())
+    """The hooked engine's configuration, token strings resolved."""
+    return special_kwargs_of(llm.llm_engine.vllm_config).resolve(
+        llm.get_tokenizer())
 
 
 def _prompt_ids(trainer: GRPOTrainer, prompt: Any) -> list[int]:
@@ -234,7 +233,7 @@ def hooked_trl_engine(special_kwargs: Any,
             one trained).
     """
     hooks = hooked_engine_args(special_kwargs)
-    limits = SpecialKwargs(**hooks["additional_config"][CONFIG_KEY])
+    limits = parse_special_kwargs(special_kwargs)
     tree_size = max_tree_size or 1 + limits.max_children_per_request
 
     stock = trl_vllm_generation.LLM
