@@ -28,6 +28,7 @@ Usage (from `./dev rl [--smoke] [...]`, in `.venv-rl`):
 """
 
 import argparse
+import ctypes
 import functools
 import gc
 import json
@@ -142,6 +143,27 @@ class TimeLimit(transformers.TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if time.monotonic() > self.deadline:
             control.should_training_stop = True
+
+
+class MemoryLog(transformers.TrainerCallback):
+    """Records this process's resident memory after each step, once the
+    step's garbage is collected and glibc has returned its free heap to
+    the system (so the figure is what the process holds, not the heap's
+    high-water mark)."""
+
+    def __init__(self) -> None:
+        self.rss_gib: list[float] = []
+        self._libc = ctypes.CDLL("libc.so.6")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        gc.collect()
+        self._libc.malloc_trim(0)
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        self.rss_gib.append(
+            round(pages * os.sysconf("SC_PAGE_SIZE") / 2**30, 2))
+        print(f"step {state.global_step}: resident {self.rss_gib[-1]} GiB",
+              file=sys.stderr,
+              flush=True)
 
 
 def peak_rss_gib() -> float:
@@ -323,6 +345,8 @@ def main() -> None:
         name: param.detach().clone()
         for name, param in trainer.model.named_parameters()
     }
+    memory = MemoryLog()
+    trainer.add_callback(memory)
     if not args.smoke:
         trainer.add_callback(TimeLimit(args.minutes))
     trainer.train()
@@ -346,6 +370,7 @@ def main() -> None:
         "engine_start_seconds": round(started),
         "seconds_per_step": round((seconds - started) / max(steps, 1), 1),
         "peak_rss_gib": round(peak_rss_gib(), 2),
+        "rss_gib_after_each_step": memory.rss_gib,
         "log": trainer.state.log_history,
     }
     del trainer

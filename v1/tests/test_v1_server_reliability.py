@@ -21,12 +21,13 @@ from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
 
 # KV pool: 16 blocks of 32 tokens (V1's CPU attention takes multiples of
 # 32 only); one tree of the load grows to about 5, so 32 or 64 at once
-# wait for blocks (a run polling /metrics saw the pool over 80 % full and
-# requests waiting; /metrics is not read reliably while the server
-# streams, so the test does not assert it).
+# wait for blocks and running ones are preempted for them (the test
+# asserts the preemption counter rose; the gauges are not read reliably
+# while the server streams).
 POOL = ("--block-size", "32", "--num-gpu-blocks-override", "16",
         "--max-num-seqs", "256")
 IDLE_TIMEOUT_S = 90
+PREEMPTIONS = "vllm:num_preemptions_total"
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +165,11 @@ def test_streams_that_leave_mid_stream_and_at_a_sync_leave_nothing(
                     }.get(kind, 0)))
             return await asyncio.gather(*streams)
 
+    preempted = metrics(server, [PREEMPTIONS])[PREEMPTIONS]
     endings = asyncio.run(load())
+    # The pressure was real: running requests were preempted for blocks
+    # (a counter, read reliably once the streams ended).
+    assert metrics(server, [PREEMPTIONS])[PREEMPTIONS] > preempted
     expected = [
         "left" if index % 4 in (0, 1) else "done" for index in range(in_flight)
     ]
