@@ -13,18 +13,25 @@ advantage; the reward is the share of countries whose capital the final
 answer's conclusion gives exactly, plus a small bonus (weight
 `BONUS_WEIGHT`) for a shorter critical path.
 
-`--smoke` runs two steps on two tasks and prints one JSON line (steps,
-trees, children, trained tokens, masked merged tokens, the largest
-difference between the trainer's and the engine's logprob of a trained
-token, whether the weights changed). Without it: a run bounded by
+`--smoke` runs two steps on two tasks and prints one JSON line on stdout
+(vLLM's and TRL's logs go to stderr): steps, trees, children, trained
+tokens, masked merged tokens, the largest difference between the
+trainer's and the engine's logprob of a trained token, whether the
+weights changed; it exits 1 if that difference is over
+`LOGPROB_TOLERANCE` or the weights did not change. Without it: a run bounded by
 `--steps` and `--minutes`, with TRL's progress bar, that writes
 `--report` (the run's settings, steps, wall time, seconds per step, peak
 memory, TRL's log, and the model card's evaluation of the model before
 and after, both forms, with the critical path), the trained checkpoint to
 `--out` and the reward curve to `--plot`.
 
+The report is written when training ends, then completed by the
+evaluation; `--evaluate-only` reruns the evaluation alone (other
+`--eval-seeds`, say) on the checkpoint in `--out`.
+
 Usage (from `./dev rl [--smoke] [...]`, in `.venv-rl`):
     python models/rl_capitals.py [--smoke] [--steps 200] [--minutes 75]
+    python models/rl_capitals.py --evaluate-only [--eval-seeds 1000 1001]
 """
 
 import argparse
@@ -43,12 +50,17 @@ from pathlib import Path
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+# stdout is the report's (one JSON line); logs go to stderr.
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 from vllm_sequence_hooks.rl import PromiseTreeGRPOTrainer  # noqa: E402
+
+import vllm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capitals_task as task  # noqa: E402
@@ -66,6 +78,9 @@ RL_SPLIT_SEED = 29
 # Countries per task (a tree of 4 to 7 sequences: the trainer's rows of a
 # step fit this machine's memory beside other work).
 MIN_ITEMS, MAX_ITEMS = 3, 6
+# The smoke check's bound on the trainer's and the engine's logprob of a
+# trained token (fp32 on both sides; the RL suite's tolerance).
+LOGPROB_TOLERANCE = 1e-3
 
 
 def capitals_reward(completions, countries, **_) -> list[float]:
@@ -104,14 +119,20 @@ def critical_path_bonus(completion_ids, promise_tree, max_tokens: int,
         One bonus per completion.
     """
     return [
-        1 - (len(ids) if tree is None else tree.critical_path) / max_tokens
+        max(
+            0.0, 1 -
+            (len(ids) if tree is None else tree.critical_path) / max_tokens)
         for ids, tree in zip(completion_ids, promise_tree)
     ]
 
 
 def split_held_out() -> tuple[list[str], list[str]]:
     """The held-out countries GRPO trains on, and those it never sees (the
-    evaluation's test of transfer), half and half, by a fixed seed."""
+    evaluation's test of transfer), half and half, by a fixed seed.
+
+    Returns:
+        The countries trained on, and the others, each sorted.
+    """
     countries = list(task.HELD_OUT_COUNTRIES)
     random.Random(RL_SPLIT_SEED).shuffle(countries)
     half = len(countries) // 2
@@ -119,8 +140,15 @@ def split_held_out() -> tuple[list[str], list[str]]:
 
 
 def training_tasks(num_tasks: int, seed: int) -> Dataset:
-    """Parallel tasks over the held-out countries GRPO trains on, as TRL's
-    prompt dataset."""
+    """Parallel tasks over the held-out countries GRPO trains on.
+
+    Args:
+        num_tasks: How many.
+        seed: The draw's seed.
+
+    Returns:
+        TRL's prompt dataset: "prompt" (chat messages) and "countries".
+    """
     rng = random.Random(seed)
     trained, _ = split_held_out()
     rows = []
@@ -173,7 +201,17 @@ def peak_rss_gib() -> float:
 
 def make_trainer(model_dir: Path, args: argparse.Namespace, dataset: Dataset,
                  out: Path) -> PromiseTreeGRPOTrainer:
-    """The trainer over the fine-tuned checkpoint (fp32 on both sides)."""
+    """The trainer over the fine-tuned checkpoint (fp32 on both sides).
+
+    Args:
+        model_dir: The checkpoint.
+        args: The command line's settings.
+        dataset: The prompts (`training_tasks`).
+        out: The trainer's output folder.
+
+    Returns:
+        The trainer, its engine started.
+    """
     config = GRPOConfig(
         output_dir=str(out),
         reward_weights=[1.0, BONUS_WEIGHT],
@@ -219,7 +257,16 @@ def make_trainer(model_dir: Path, args: argparse.Namespace, dataset: Dataset,
 
 def smoke_summary(trainer: PromiseTreeGRPOTrainer,
                   before: dict[str, torch.Tensor]) -> dict:
-    """The two-step check's JSON: what the trainer logged, summed."""
+    """The two-step check's JSON: what the trainer logged, summed.
+
+    Args:
+        trainer: The trainer, after its steps.
+        before: Its parameters before them.
+
+    Returns:
+        steps, trees, children, trained_tokens, masked_merged_tokens,
+        max_abs_logprob_diff and weights_changed.
+    """
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     changed = any(not torch.equal(before[name], param.detach())
                   for name, param in trainer.model.named_parameters())
@@ -267,8 +314,11 @@ def evaluate(model: Path, seeds: list[int], tasks: int,
                          check=True,
                          capture_output=True,
                          text=True).stdout
-    # The report is the last thing printed, after vLLM's log lines.
-    report = json.loads(out[out.rindex("\n{\n") + 1:])
+    # The report is the last thing printed (after vLLM's log lines, if
+    # they go to stdout): from its opening line on.
+    lines = out.splitlines()
+    start = len(lines) - 1 - lines[::-1].index("{")
+    report = json.loads("\n".join(lines[start:]))
     keys = ("accuracy_per_country", "sentence_accuracy_per_country",
             "tasks_all_correct", "tasks_cut_at_token_limit",
             "mean_critical_path", "spawned_one_child_per_country")
@@ -282,7 +332,13 @@ def evaluate(model: Path, seeds: list[int], tasks: int,
 
 
 def plot_rewards(log: list[dict], path: Path) -> None:
-    """The reward per step (mean over its trees) and its running mean."""
+    """Plots the reward per step (mean over its trees) and its running
+    mean.
+
+    Args:
+        log: TRL's log history.
+        path: The picture to write.
+    """
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -332,7 +388,13 @@ def main() -> None:
                         type=Path,
                         default=ROOT / "models" / "smollm2-promise" /
                         "grpo_report.json")
+    parser.add_argument("--evaluate-only",
+                        action="store_true",
+                        help="(re)run the evaluation of --out for --report")
     args = parser.parse_args()
+    if args.evaluate_only:
+        add_evaluation(args, prepare.model_dir())
+        return
     if args.smoke:
         args.steps, args.prompts, args.generations = 2, 1, 2
     torch.manual_seed(args.seed)
@@ -345,21 +407,26 @@ def main() -> None:
         name: param.detach().clone()
         for name, param in trainer.model.named_parameters()
     }
+    if args.smoke:
+        # Its stdout is the one JSON line: no per-step dicts there.
+        trainer.remove_callback(transformers.PrinterCallback)
     memory = MemoryLog()
     trainer.add_callback(memory)
     if not args.smoke:
         trainer.add_callback(TimeLimit(args.minutes))
     trainer.train()
     if args.smoke:
-        print(json.dumps(smoke_summary(trainer, before)))
-        return
+        summary = smoke_summary(trainer, before)
+        print(json.dumps(summary))
+        sys.exit(0 if summary["weights_changed"] and
+                 summary["max_abs_logprob_diff"] <= LOGPROB_TOLERANCE else 1)
     seconds = time.monotonic() - start
     trainer.save_model(str(args.out))
     steps = trainer.state.global_step
     report = {
         "model": model_dir.name,
-        "trl": __import__("trl").__version__,
-        "vllm": __import__("vllm").__version__,
+        "trl": trl.__version__,
+        "vllm": vllm.__version__,
         "settings": {
             k: str(v) if isinstance(v, Path) else v
             for k, v in vars(args).items()
@@ -375,7 +442,23 @@ def main() -> None:
     }
     del trainer
     gc.collect()
+    # Written before the evaluation, which can be rerun on its own.
+    args.report.write_text(json.dumps(report, indent=1) + "\n")
     plot_rewards(report["log"], args.plot)
+    add_evaluation(args, model_dir)
+
+
+def add_evaluation(args: argparse.Namespace, model_dir: Path) -> None:
+    """Evaluates the checkpoint before and after training on both halves
+    of the held-out countries, adds that to the run's report and prints
+    the report but its log.
+
+    Args:
+        args: The command line's settings (``report``, ``out``,
+            ``eval_seeds``, ``eval_tasks``).
+        model_dir: The checkpoint trained from.
+    """
+    report = json.loads(args.report.read_text())
     trained, unseen = split_held_out()
     report["evaluation"] = {
         "seeds": args.eval_seeds,

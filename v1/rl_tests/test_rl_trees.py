@@ -151,10 +151,28 @@ def test_trained_tokens_have_the_engines_logprobs_merged_ones_none(trainer):
     assert largest <= LOGPROB_TOLERANCE
 
 
-def test_each_child_row_gets_its_roots_advantage(trainer):
+def sampled_tokens(tree, root_ids) -> int:
+    """Tokens the engine sampled in a tree (every node's own tokens but
+    those its merges appended), counted from the tree; ``root_ids``
+    when it never promised."""
+    if tree is None:
+        return len(root_ids)
+    return len(tree.token_ids) - tree.num_merged_tokens + sum(
+        sampled_tokens(child, ()) for child in tree.children)
+
+
+def test_each_child_row_gets_its_roots_advantage(trainer, monkeypatch):
     inputs = [{
         "prompt": task.messages_of(t)
     } for t in tasks(1) for _ in range(GENERATIONS)]
+    generated = []
+    generate = trainer._generate
+
+    def keep_rows(prompts):
+        generated.append(generate(prompts))
+        return generated[-1]
+
+    monkeypatch.setattr(trainer, "_generate", keep_rows)
     trainer.model.train()
     batch = trainer._generate_and_score_completions(inputs)
     roots = trainer._row_roots
@@ -164,8 +182,13 @@ def test_each_child_row_gets_its_roots_advantage(trainer):
     for row, root in enumerate(roots.tolist()):
         expected = 0.0 if root < 0 else advantages[root]
         assert advantages[row] == expected
+    # The loss is normalized by exactly the tokens the engine sampled in
+    # the trees: children's counted, merged ones and fillers not.
+    (_, completion_ids, _, _, _, extra, _, _), = generated
+    assert batch["num_items_in_batch"] == sum(
+        sampled_tokens(tree, ids)
+        for tree, ids in zip(extra[TREE_KEY], completion_ids))
     loss_mask = batch["completion_mask"] * batch["tool_mask"]
-    assert batch["num_items_in_batch"] == loss_mask.sum()
     # TRL's own recomputation of every row (children included) against
     # the engine's logprobs, on the tokens it trains.
     difference = (batch["old_per_token_logps"] -

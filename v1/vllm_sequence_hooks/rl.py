@@ -72,14 +72,22 @@ TRL_SEAMS = {
      "name, which `hooked_trl_engine` swaps",
      "0e584002e0f6a9c006aaec0e91ecc996ae8c0d3b2ff8491fbf08b484a57d20ce"),
     "trl.generation.vllm_generation:VLLMGeneration._iter_named_params":
-    ("called: the trainer's weights as vLLM names them (PEFT, FSDP, "
-     "DeepSpeed handled)",
+    ("called: the trainer's weights as vLLM names them, each copied while "
+     "it is materialized (PEFT merges the adapters for the iteration only)",
      "baab615d5c7bc3e126cec1430f29213c984b275285b08a269cbfbf0adc2617b8"),
     "trl.generation.vllm_generation:VLLMGeneration.sync_weights":
     ("replaced (never called): it loads tensors one by one, which vLLM's "
      "CPU backend cannot take after start",
      "63d669fb32304ff5e275443abc5e4a2c1e6974ba196d30074bc0f2519f98644c"),
 }
+
+# GRPO losses that normalize by the trained tokens of the whole generation
+# batch (`num_items_in_batch`): under them a child's row weighs by its
+# tokens, as the root's do, and rows that train nothing (the fillers
+# `_generate` adds) weigh nothing. Per-row or per-micro-batch means
+# ("grpo", "sapo", "bnpo", "dr_grpo", "luspo") would count every child row
+# as much as a whole root row and the fillers as rows.
+TOKEN_NORMALIZED_LOSSES = ("dapo", "cispo", "vespo")
 
 # Extra fields of `tree_rollout`'s output, per root row: its tree's other
 # nodes as `SequenceRecord`s (parents first), which the trainer turns into
@@ -175,7 +183,9 @@ def tree_rollout(prompts: list[Any], trainer: GRPOTrainer) -> dict:
     (`PromiseTreeGRPOTrainer`, or `GRPOTrainer` inside
     `hooked_trl_engine`). With plain `GRPOTrainer` only the roots' rows
     are trained (the children go to the reward functions as
-    ``promise_children``).
+    ``promise_children``), and the weights reach the engine by TRL's own
+    sync, which vLLM's CPU backend refuses (`PromiseTreeGRPOTrainer`'s
+    does not).
 
     Args:
         prompts: The trainer's prompt rows (text or chat messages).
@@ -231,6 +241,9 @@ def hooked_trl_engine(special_kwargs: Any,
             downcasts an fp32 checkpoint to bf16 on CPU and fp16/bf16 on
             GPUs, so the engine would sample from another model than the
             one trained).
+
+    Yields:
+        Nothing: TRL's trainer is built inside the block.
     """
     hooks = hooked_engine_args(special_kwargs)
     limits = parse_special_kwargs(special_kwargs)
@@ -270,6 +283,43 @@ def _refresh_tied_output_layer(worker: Any) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
+def _check_config(model: Any, config: Optional[trl.GRPOConfig]) -> None:
+    """Refuses, before TRL builds anything, what `PromiseTreeGRPOTrainer`
+    cannot train right.
+
+    Args:
+        model: The model passed to the trainer.
+        config: Its `GRPOConfig`.
+
+    Raises:
+        ValueError: Naming the setting and why.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError("PromiseTreeGRPOTrainer takes the model loaded (a "
+                         "PreTrainedModel), not a name: its engine is "
+                         "built in the model's dtype, so that it samples "
+                         "from the model trained")
+    if config is None or not config.use_vllm or (config.vllm_mode
+                                                 != "colocate"):
+        raise ValueError("PromiseTreeGRPOTrainer generates on a colocated "
+                         "hooked engine: pass a GRPOConfig with "
+                         "use_vllm=True, vllm_mode='colocate'")
+    if config.vllm_enable_sleep_mode:
+        raise ValueError("PromiseTreeGRPOTrainer does not support "
+                         "vllm_enable_sleep_mode: it loads the weights "
+                         "itself and would not wake the engine")
+    if config.vllm_tensor_parallel_size > 1:
+        raise ValueError("PromiseTreeGRPOTrainer does not support "
+                         "vllm_tensor_parallel_size > 1: its rollouts do "
+                         "not gather the prompts of a tensor-parallel group")
+    if config.loss_type not in TOKEN_NORMALIZED_LOSSES:
+        raise ValueError(
+            f"PromiseTreeGRPOTrainer needs a loss normalized by the batch's "
+            f"trained tokens ({', '.join(TOKEN_NORMALIZED_LOSSES)}), not "
+            f"{config.loss_type!r}: a per-row mean would weigh each child's "
+            "row as much as a whole root's")
+
+
 class PromiseTreeGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` that trains every node of its promise-tree rollouts.
 
@@ -279,8 +329,10 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
 
     Args:
         special_kwargs: The hooks' configuration.
-        *args: `GRPOTrainer`'s; its ``args`` must have ``use_vllm=True``
-            and ``vllm_mode="colocate"``.
+        *args: `GRPOTrainer`'s; its ``model`` loaded (not a name), its
+            ``args`` with ``use_vllm=True``, ``vllm_mode="colocate"``, a
+            loss in `TOKEN_NORMALIZED_LOSSES`, no sleep mode and no
+            tensor parallelism (`_check_config`).
         **kwargs: `GRPOTrainer`'s; ``rollout_func`` defaults to
             `tree_rollout`.
     """
@@ -292,19 +344,13 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
                 f"{', '.join(SUPPORTED_TRL_VERSIONS)}, not the installed "
                 f"{trl.__version__}: it overrides private members of "
                 "GRPOTrainer (TRL_SEAMS)")
-        config = kwargs.get("args")
-        if config is None or not config.use_vllm or (config.vllm_mode
-                                                     != "colocate"):
-            raise ValueError("PromiseTreeGRPOTrainer generates on a "
-                             "colocated hooked engine: pass a GRPOConfig "
-                             "with use_vllm=True, vllm_mode='colocate'")
+        model = kwargs.get("model", args[0] if args else None)
+        _check_config(model, kwargs.get("args"))
         kwargs.setdefault("rollout_func", tree_rollout)
         # Per generation batch: for each row, the root row it belongs to.
         self._row_roots: Optional[torch.Tensor] = None
         # The engine samples from the model being trained, in its dtype.
-        model = kwargs.get("model", args[0] if args else None)
-        with hooked_trl_engine(special_kwargs,
-                               dtype=getattr(model, "dtype", None)):
+        with hooked_trl_engine(special_kwargs, dtype=model.dtype):
             super().__init__(*args, **kwargs)
 
     def _sync_engine_weights(self) -> None:
@@ -317,11 +363,20 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
         again, on every platform.
         """
         llm = self.vllm_generation.llm
-        weights = list(self.vllm_generation._iter_named_params())
+        # Copied as they come: the iterator's tensors are valid only until
+        # it moves on (PEFT unmerges its adapters at the end, ZeRO-3 and
+        # FSDP re-shard each gathered parameter).
+        weights = [
+            (name, param.detach().clone())
+            for name, param in self.vllm_generation._iter_named_params()
+        ]
         llm.collective_rpc("reload_weights",
                            kwargs={"weights_iterator": weights})
         llm.collective_rpc(_refresh_tied_output_layer)
-        llm.reset_prefix_cache()
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("the engine kept its prefix cache after a "
+                               "weight sync: its cached KV is the old "
+                               "weights'")
 
     def _generate(self, prompts: list):
         if self.state.global_step != self._last_loaded_step:
@@ -337,7 +392,7 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
         for root, records in enumerate(children):
             # A child aborted (its parent ended without syncing it) has no
             # tokens recorded: nothing of it to train.
-            for record in filter(lambda r: r.token_ids, records):
+            for record in [r for r in records if r.token_ids]:
                 ids, record_logprobs, mask = _row(record)
                 prompt_ids.append(list(record.context_token_ids))
                 completion_ids.append(ids)
