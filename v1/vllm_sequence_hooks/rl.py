@@ -72,8 +72,8 @@ TRL_SEAMS = {
      "name, which `hooked_trl_engine` swaps",
      "0e584002e0f6a9c006aaec0e91ecc996ae8c0d3b2ff8491fbf08b484a57d20ce"),
     "trl.generation.vllm_generation:VLLMGeneration._iter_named_params":
-    ("called: the trainer's weights as vLLM names them, each copied while "
-     "it is materialized (PEFT merges the adapters for the iteration only)",
+    ("called: the trainer's weights as vLLM names them, loaded while the "
+     "iterator holds them (PEFT merges the adapters for the iteration only)",
      "baab615d5c7bc3e126cec1430f29213c984b275285b08a269cbfbf0adc2617b8"),
     "trl.generation.vllm_generation:VLLMGeneration.sync_weights":
     ("replaced (never called): it loads tensors one by one, which vLLM's "
@@ -363,15 +363,16 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
         again, on every platform.
         """
         llm = self.vllm_generation.llm
-        # Copied as they come: the iterator's tensors are valid only until
-        # it moves on (PEFT unmerges its adapters at the end, ZeRO-3 and
-        # FSDP re-shard each gathered parameter).
-        weights = [
-            (name, param.detach().clone())
-            for name, param in self.vllm_generation._iter_named_params()
-        ]
+        # TRL's iterator itself, consumed in this process (the colocated
+        # engine's executor runs here): a tensor it yields is valid only
+        # while it holds it (PEFT merges the adapters for the iteration,
+        # ZeRO-3 and FSDP gather one parameter at a time), and the model
+        # is not copied.
         llm.collective_rpc("reload_weights",
-                           kwargs={"weights_iterator": weights})
+                           kwargs={
+                               "weights_iterator":
+                               self.vllm_generation._iter_named_params()
+                           })
         llm.collective_rpc(_refresh_tied_output_layer)
         if not llm.reset_prefix_cache():
             raise RuntimeError("the engine kept its prefix cache after a "
