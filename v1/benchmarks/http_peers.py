@@ -646,10 +646,24 @@ async def run_phase(servers: dict[str, Server], workload: Workload, args,
             time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         })
         for k, in_flight in cells:
-            results["cells"].append(await run_cell(sides, block, k, in_flight,
-                                                   args, calibration))
+            cell = await run_cell(sides, block, k, in_flight, args,
+                                  calibration)
+            # A cell measured again (`--remeasure`) replaces the earlier
+            # one, which is kept aside.
+            earlier = [c for c in results["cells"] if same_cell(c, cell)]
+            results.setdefault("superseded_cells", []).extend(earlier)
+            results["cells"] = [
+                c for c in results["cells"] if not same_cell(c, cell)
+            ] + [cell]
             results["targets"] = targets(results["cells"])
             write(results, args.out)
+
+
+def same_cell(a: dict, b: dict) -> bool:
+    """Whether two cells' rows are of the same block size, k and tasks in
+    flight."""
+    return all(a[key] == b[key]
+               for key in ("default_block", "block_size", "k", "in_flight"))
 
 
 def targets(cells: list[dict]) -> list[dict]:
@@ -764,9 +778,10 @@ def plan(args, done: list[dict]) -> list[tuple[int, list[tuple[int, int]]]]:
     first, then k = `MAIN_K` at 64 in flight, then the rest, so that the
     cells the targets need exist even if the grid does not finish; cells
     in ``done`` (measured by an earlier run) are left out."""
-    measured = {(0 if c["default_block"] else c["block_size"], c["k"],
-                 c["in_flight"])
-                for c in done}
+    measured = set() if args.remeasure else {
+        (0 if c["default_block"] else c["block_size"], c["k"], c["in_flight"])
+        for c in done
+    }
     grid = [(k, n) for k in args.ks for n in args.in_flight]
     first = [(MAIN_K, MAIN_IN_FLIGHT), (MAIN_K, 64)]
     groups = [[cell] for cell in first if cell in grid]
@@ -886,6 +901,55 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the V0 fork's interpreter")
 
 
+def one_cell_run(parser: argparse.ArgumentParser, k: int, rounds: int,
+                 out: Path) -> tuple[argparse.Namespace, Workload, dict]:
+    """Parses the options of a one-cell script (`plain_overhead.py`,
+    `profile_peers.py`): the servers', and k, tasks in flight, block size,
+    rounds and the output file.
+
+    Args:
+        parser: The script's parser, with its own options added.
+        k: The default countries per task.
+        rounds: The default rounds.
+        out: The default output file.
+
+    Returns:
+        The options, the workload and the run's settings and versions.
+    """
+    add_server_arguments(parser)
+    parser.add_argument("--k", type=int, default=k)
+    parser.add_argument("--in-flight", type=int, default=MAIN_IN_FLIGHT)
+    parser.add_argument("--block-size",
+                        type=int,
+                        default=0,
+                        help="0: the platform's default (128 on this CPU)")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--out", default=str(out))
+    args = parser.parse_args()
+    # A stopped run stops its servers too (they run in their own sessions).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    args.model = args.model or str(prepare_base_model.model_dir())
+    meta = {
+        # The checkpoint's folder name, not this machine's path to it.
+        "model": Path(args.model).name,
+        "dtype": args.dtype,
+        "k": args.k,
+        "in_flight": args.in_flight,
+        "kv_space_gib": args.kv_space_gib,
+        "rounds": args.rounds,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        **versions(args),
+    }
+    return args, Workload(args.model), meta
+
+
+def write_one_cell_run(args: argparse.Namespace, meta: dict,
+                       result: dict) -> None:
+    """Writes a one-cell script's settings and result to ``args.out``."""
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    write({"meta": meta, **result}, args.out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_server_arguments(parser)
@@ -913,6 +977,11 @@ def main() -> None:
                         action="store_true",
                         help="add to the results in --out, skipping the "
                         "cells they have")
+    parser.add_argument("--remeasure",
+                        action="store_true",
+                        help="with --append: measure the cells asked for "
+                        "even if --out has them, replacing them (the earlier "
+                        "rows are kept under superseded_cells)")
     parser.add_argument("--log-dir",
                         help="keep the servers' logs here (default: "
                         "deleted after each phase)")

@@ -31,16 +31,12 @@ import asyncio
 import json
 import os
 import random
-import signal
 import statistics
-import sys
 import tempfile
-import time
 from pathlib import Path
 
-from http_peers import (Sides, Workload, add_server_arguments, closed_loop,
-                        prepare_base_model, running_servers, server_block_size,
-                        versions)
+from http_peers import (Sides, Workload, closed_loop, one_cell_run,
+                        running_servers, server_block_size, write_one_cell_run)
 
 from sequence_hooks_testkit.bench.client_join_http import client_session
 
@@ -177,40 +173,17 @@ async def run(servers, workload: Workload, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_server_arguments(parser)
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--in-flight", type=int, default=32)
-    parser.add_argument("--block-size",
-                        type=int,
-                        default=0,
-                        help="0: the platform's default (128 on this CPU)")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--out", default=str(RESULTS))
-    args = parser.parse_args()
-    # A stopped run stops its servers too (they run in their own sessions).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    args.model = args.model or str(prepare_base_model.model_dir())
-    workload = Workload(args.model)
-    meta = {
-        "model": Path(args.model).name,
-        "dtype": args.dtype,
-        "k": args.k,
-        "in_flight": args.in_flight,
-        "tasks_per_run": 2 * args.in_flight,
-        "kv_space_gib": args.kv_space_gib,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        **versions(args),
-    }
+    args, workload, meta = one_cell_run(
+        argparse.ArgumentParser(description=__doc__.splitlines()[0]),
+        k=4,
+        rounds=10,
+        out=RESULTS)
     # For /reset_prefix_cache.
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"
     with tempfile.TemporaryDirectory() as folder, running_servers(
             args, args.block_size, Path(folder), tuple(SIDES)) as servers:
         result = asyncio.run(run(servers, workload, args))
-    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    results = {"meta": meta, **result}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(results, indent=2))
+    write_one_cell_run(args, meta, result)
     result.pop("rounds")
     print(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
