@@ -22,6 +22,8 @@ from vllm_sequence_hooks.scheduler import (AsyncSequenceHookScheduler,
 from sequence_hooks_testkit.v1_batch_queue import (FILLER, BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
+from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
+from vllm.platforms import current_platform
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -111,6 +113,22 @@ def test_async_config_gives_the_async_variant(tiny_model_path, special_kwargs):
     assert isinstance(on, AsyncScheduler)
     assert type(off) is SequenceHookScheduler
     assert not isinstance(off, AsyncScheduler)
+
+
+def test_the_cpu_platform_turns_async_scheduling_off(tiny_model_path):
+    """Pinned upstream behaviour (docs/v1.md): asked for by name, async
+    scheduling is turned off by the CPU platform, so no engine on this
+    machine runs the async variant and its proof here is model-free. If
+    upstream ever keeps it on for CPU, this fails: then the engine-level
+    tests belong under async scheduling too."""
+    assert current_platform.is_cpu()
+    config = VllmConfig(model_config=ModelConfig(model=str(tiny_model_path),
+                                                 dtype="float32"),
+                        scheduler_config=SchedulerConfig(
+                            max_model_len=256,
+                            is_encoder_decoder=False,
+                            async_scheduling=True))
+    assert config.scheduler_config.async_scheduling is False
 
 
 @pytest.mark.parametrize("children", [1, 2, 3])
