@@ -11,8 +11,8 @@ sampled by py-spy (`--subprocesses --nonblocking`, the same rate on
 both; idle threads are not sampled, so a sample is CPU busy) while its
 side runs. Per side and process it prints the busy seconds per task,
 split by what the stack holds (the first part whose frame it holds, in
-`PARTS`' order: the plugin's own frames, the engine core spinning on
-the worker's answer, the scheduler's `schedule` and
+`PARTS`' order: the plugin's own frames, spinning on the shared-memory
+queue between engine core and worker, the scheduler's `schedule` and
 `update_from_output`, the worker's model execution and sampling,
 detokenization, the rest); and the functions whose busy time per task
 differs most between the sides.
@@ -45,7 +45,7 @@ SIDES = {"hooks_v1": "plugin", "join_v1": "stock"}
 # that matches, in this order).
 PARTS = (
     ("plugin", "vllm_sequence_hooks"),
-    ("waiting for the worker (spinning)", "MessageQueue.dequeue ("),
+    ("spin-waiting on the message queue", "MessageQueue.dequeue ("),
     ("schedule", "schedule (vllm/v1/core/sched/"),
     ("update_from_output", "update_from_output (vllm/v1/core/sched/"),
     ("model execution", "execute_model ("),
