@@ -877,7 +877,9 @@ def plot(results: dict, path: Path) -> None:
         axis.margins(y=0.2)
     handles, labels = axes[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
-    figure.suptitle("Capitals task over HTTP, loaded 2-core CPU", fontsize=10)
+    figure.suptitle(
+        "Capitals task over HTTP, 2-core CPU (k = 4: idle machine)",
+        fontsize=10)
     figure.tight_layout(rect=(0, 0.07, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)

@@ -3,7 +3,7 @@
 """Where a server's time goes: the V1 plugin against the join.
 
 `http_peers.py` finds the plugin's throughput below what the prefill it
-saves allows (85-93 % of the limit). This profiles one of its cells: the
+saves allows (85-99 % of the priced limit). This profiles one of its cells: the
 plugin's server running the hooked side and the same stock server
 running the client-side join, on the same tasks, alternating, each
 server's whole process tree (API server, engine core, model worker)
