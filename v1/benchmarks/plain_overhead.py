@@ -35,7 +35,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from http_peers import (Sides, Workload, closed_loop, one_cell_run,
+from http_peers import (Sides, Workload, measured_run, one_cell_run,
                         running_servers, server_block_size, write_one_cell_run)
 
 from sequence_hooks_testkit.bench.client_join_http import client_session
@@ -49,30 +49,23 @@ SIDES = {"stock": "sequential_v1", "plugin": "plain_plugin"}
 
 async def measured(sides: Sides, server: str, prompts: list[list[int]],
                    in_flight: int) -> dict:
-    """One run of ``prompts`` on ``server`` from an empty prefix cache:
-    wall seconds, tokens, server CPU seconds, the texts and the promises
-    the server spawned."""
+    """`http_peers.measured_run` of ``server``'s side from an empty prefix
+    cache, with its tokens."""
     # Else the A B A round's second A would find its prompts cached.
     async with sides.session.post(sides.servers[server].base +
                                   "/reset_prefix_cache") as response:
         response.raise_for_status()
-    before_cpu = sides.servers[server].cpu_seconds()
-    before = sides.counters(server)[SPAWNED]
-    outcomes, wall = await closed_loop(
-        lambda i: sides.run(SIDES[server], prompts[i]), len(prompts),
-        in_flight)
-    return {
-        "wall": wall,
-        "tokens": sum(o.tokens for o in outcomes),
-        "cpu": sides.servers[server].cpu_seconds() - before_cpu,
-        "texts": [o.text for o in outcomes],
-        "spawned": sides.counters(server)[SPAWNED] - before,
-    }
+    run = await measured_run(sides, SIDES[server], prompts, in_flight)
+    run["tokens"] = sum(o.tokens for o in run["outcomes"])
+    return run
 
 
 def round_row(runs: list[tuple[str, dict]]) -> dict:
     """A round's ratios from its A B A runs."""
     (a, first), (_, middle), (_, last) = runs
+
+    def texts(run: dict) -> list[str]:
+        return [o.text for o in run["outcomes"]]
 
     def rates(run: dict) -> tuple[float, float]:
         return run["tokens"] / run["wall"], run["cpu"] / run["tokens"]
@@ -94,9 +87,9 @@ def round_row(runs: list[tuple[str, dict]]) -> dict:
         "stock_tokens_per_s":
         round(b_rate if plugin_first else a_rate, 1),
         "same_texts":
-        all(r["texts"] == first["texts"] for _, r in runs),
+        all(texts(r) == texts(first) for _, r in runs),
         "plugin_spawned":
-        sum(r["spawned"] for name, r in runs if name == "plugin"),
+        sum(r["counters"][SPAWNED] for name, r in runs if name == "plugin"),
     }
 
 

@@ -33,8 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from http_peers import (Sides, Workload, closed_loop, one_cell_run,
-                        running_servers, server_block_size, write_one_cell_run)
+from http_peers import (Sides, Workload, measured_run, one_cell_run,
+                        running_servers, same_texts, server_block_size,
+                        write_one_cell_run)
 
 from sequence_hooks_testkit.bench.client_join_http import client_session
 
@@ -94,7 +95,7 @@ def parse(path: Path) -> tuple[collections.Counter, collections.Counter]:
 
 async def profiled(sides: Sides, side: str, prompts: list[list[int]],
                    in_flight: int, py_spy: str, folder: Path) -> dict:
-    """One run of ``side`` over ``prompts`` with its server sampled."""
+    """`http_peers.measured_run` of ``side`` with its server sampled."""
     server = sides.servers[SIDES[side]]
     out = folder / f"{side}-{time.time_ns()}.txt"
     spy = subprocess.Popen([
@@ -107,27 +108,17 @@ async def profiled(sides: Sides, side: str, prompts: list[list[int]],
                            stderr=subprocess.DEVNULL)
     # py-spy attaches within a second; a side must not start unsampled.
     await asyncio.sleep(2)
-    cpu = server.cpu_seconds()
-    outcomes, wall = await closed_loop(lambda i: sides.run(side, prompts[i]),
-                                       len(prompts), in_flight)
-    cpu = server.cpu_seconds() - cpu
+    run = await measured_run(sides, side, prompts, in_flight)
     spy.send_signal(signal.SIGINT)
     spy.wait(timeout=60)
-    parts, leaves = parse(out)
-    return {
-        "tasks": len(prompts),
-        "wall": wall,
-        "cpu": cpu,
-        "texts": [o.text for o in outcomes],
-        "parts": parts,
-        "leaves": leaves,
-    }
+    run["parts"], run["leaves"] = parse(out)
+    return run
 
 
 def side_profile(runs: list[dict]) -> dict:
     """A side's busy seconds per task by process, in all and by part, and
     by process and innermost function."""
-    tasks = sum(r["tasks"] for r in runs)
+    tasks = sum(len(r["outcomes"]) for r in runs)
     parts: collections.Counter = sum((r["parts"] for r in runs),
                                      collections.Counter())
     leaves: collections.Counter = sum((r["leaves"] for r in runs),
@@ -190,8 +181,6 @@ async def run(servers, workload: Workload, args, folder: Path) -> dict:
                                                  args.in_flight, args.py_spy,
                                                  folder))
                 print(f"round {r + 1}: {side} done", flush=True)
-    same = sum(a == b for ra, rb in zip(runs["hooks_v1"], runs["join_v1"])
-               for a, b in zip(ra["texts"], rb["texts"]))
     profiles = {
         side: side_profile(side_runs)
         for side, side_runs in runs.items()
@@ -206,7 +195,7 @@ async def run(servers, workload: Workload, args, folder: Path) -> dict:
         "block_size":
         block,
         "same_texts":
-        f"{same}/{len(runs['hooks_v1']) * 2 * args.in_flight}",
+        same_texts(runs, *SIDES),
         "profiles":
         profiles,
         "largest_differences_s_per_task": [{
