@@ -197,6 +197,12 @@ def metrics(url: str, names: list[str]) -> dict[str, float]:
     """Several metrics (full names) from one read of /metrics, each the sum
     of its samples (0 if none)."""
     text = requests.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text
+    return metric_totals(text, names)
+
+
+def metric_totals(text: str, names: list[str]) -> dict[str, float]:
+    """Each of ``names`` summed over its samples in a /metrics text (0 if
+    absent)."""
     totals = dict.fromkeys(names, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]

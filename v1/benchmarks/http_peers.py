@@ -29,7 +29,8 @@ idle: prompt tokens, prefix-cache queries and hits, and the hooks' own
 counters. Prefill tokens computed per task on V1 = queries - hits, plus,
 on the plugin, the tokens its resumes compute outside the prefix-cache
 lookup (`<sync>` + the merged tokens per park; a child is looked up, its
-hit being its parent's blocks);
+hit being its parent's blocks); with ``--trace-kv``, the KV pool's usage
+and the running and waiting requests, sampled during each run;
 V0 exports no prefix-cache counter, so its row gives prompt tokens only.
 The final texts of ``hooks_v1``, ``join_v1`` and ``hooks_v0`` are compared
 task by task.
@@ -49,7 +50,8 @@ block size for 16"), so the small block is 32 on every side by default;
 
 Usage: .venv-v1/bin/python v1/benchmarks/http_peers.py [--quick]
     [--ks 2 4 8] [--in-flight 1 8 32 64] [--block-sizes 32 0]
-    [--rounds 2] [--out v1/benchmarks/results/http_peers.json]
+    [--rounds 2] [--trace-kv SECONDS]
+    [--out v1/benchmarks/results/http_peers.json]
 Plot only (needs matplotlib, e.g. the V0 venv's):
     .venv/bin/python v1/benchmarks/http_peers.py --plot-only
 """
@@ -81,7 +83,7 @@ from sequence_hooks_testkit.bench.client_join_http import (HttpTransport,
                                                            stream_completion)
 from sequence_hooks_testkit.bench.runs import print_table
 from sequence_hooks_testkit.server import free_port, stop_server, wait_healthy
-from sequence_hooks_testkit.v1_server import HOOKS, metrics
+from sequence_hooks_testkit.v1_server import HOOKS, metric_totals, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models"))
@@ -115,6 +117,14 @@ SIDES = {
     "plain_plugin": ("plugin", "sequential"),
 }
 SAME_TEXT_SIDES = ("hooks_v1", "join_v1", "hooks_v0")
+# `--trace-kv`: the gauges sampled during a run, by server (V0 names its KV
+# pool's usage after the GPU, whatever the device).
+KV_USAGE = {
+    "plugin": "vllm:kv_cache_usage_perc",
+    "stock": "vllm:kv_cache_usage_perc",
+    "v0": "vllm:gpu_cache_usage_perc",
+}
+QUEUE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 @dataclass
@@ -298,14 +308,21 @@ class Sides:
         session: The client session.
         servers: The running servers by name.
         max_model_len: The servers' longest sequence.
+        trace_kv_s: If set, each run samples its server's KV-pool usage and
+            queue lengths this often (`measured_run`).
     """
 
-    def __init__(self, workload: Workload, session, servers: dict[str, Server],
-                 max_model_len: int):
+    def __init__(self,
+                 workload: Workload,
+                 session,
+                 servers: dict[str, Server],
+                 max_model_len: int,
+                 trace_kv_s: Optional[float] = None):
         self.workload = workload
         self.session = session
         self.servers = servers
         self.max_model_len = max_model_len
+        self.trace_kv_s = trace_kv_s
         self.transport = HttpTransport(session, servers["stock"].base,
                                        workload.model, {"temperature": 0.0})
         self.joins = 0
@@ -361,6 +378,49 @@ class Sides:
         samples (0 if absent); read between runs, while it is idle."""
         return metrics(self.servers[server].base, list(COUNTERS))
 
+    async def gauges(self, server: str) -> dict[str, float]:
+        """The server's KV-pool usage (0-1) and queue lengths, now (read
+        without blocking the tasks in flight)."""
+        names = (KV_USAGE[server], ) + QUEUE_GAUGES
+        async with self.session.get(
+                f"{self.servers[server].base}/metrics") as response:
+            text = await response.text()
+        read = metric_totals(text, list(names))
+        return {
+            "kv_usage": read[KV_USAGE[server]],
+            "running": read["vllm:num_requests_running"],
+            "waiting": read["vllm:num_requests_waiting"],
+        }
+
+
+async def sampled(sides: Sides, server: str, samples: list[dict]) -> None:
+    """Appends the server's gauges to ``samples`` every
+    ``sides.trace_kv_s`` until cancelled."""
+    while True:
+        samples.append(await sides.gauges(server))
+        await asyncio.sleep(sides.trace_kv_s)
+
+
+def trace_summary(samples: list[dict]) -> dict:
+    """A run's KV-usage trace in a few figures."""
+    usage = [s["kv_usage"] for s in samples]
+    return {
+        "samples":
+        len(samples),
+        "kv_usage_mean":
+        round(statistics.fmean(usage), 3),
+        "kv_usage_max":
+        round(max(usage), 3),
+        "kv_usage_over_90_share":
+        round(sum(u > 0.9 for u in usage) / len(usage), 3),
+        "running_max":
+        max(s["running"] for s in samples),
+        "waiting_mean":
+        round(statistics.fmean(s["waiting"] for s in samples), 1),
+        "waiting_max":
+        max(s["waiting"] for s in samples),
+    }
+
 
 async def closed_loop(run_one, count: int, in_flight: int):
     """Runs ``count`` tasks, ``in_flight`` at a time.
@@ -393,11 +453,18 @@ async def measured_run(sides: Sides, side: str, prompts: list[list[int]],
     server = sides.servers[SIDES[side][0]]
     before = sides.counters(server.name)
     cpu_before = server.cpu_seconds()
-    outcomes, wall = await closed_loop(lambda i: sides.run(side, prompts[i]),
-                                       len(prompts), in_flight)
+    samples: list[dict] = []
+    sampler = (asyncio.create_task(sampled(sides, server.name, samples))
+               if sides.trace_kv_s else None)
+    try:
+        outcomes, wall = await closed_loop(
+            lambda i: sides.run(side, prompts[i]), len(prompts), in_flight)
+    finally:
+        if sampler is not None:
+            sampler.cancel()
     cpu = server.cpu_seconds() - cpu_before
     after = sides.counters(server.name)
-    return {
+    run = {
         "outcomes": outcomes,
         "wall": wall,
         "cpu": cpu,
@@ -406,6 +473,9 @@ async def measured_run(sides: Sides, side: str, prompts: list[list[int]],
             for name in COUNTERS
         },
     }
+    if samples:
+        run["kv_trace"] = samples
+    return run
 
 
 def side_row(runs: list[dict], server: str) -> dict:
@@ -447,6 +517,9 @@ def side_row(runs: list[dict], server: str) -> dict:
         "s_per_task":
         wall / tasks,
     }
+    traces = [s for run in runs for s in run.get("kv_trace", [])]
+    if traces:
+        row.update({f"kv_{k}": v for k, v in trace_summary(traces).items()})
     if server == "v0":
         # V0 exports no prefix-cache counter.
         row["prefill_computed_per_task"] = None
@@ -631,7 +704,8 @@ async def run_phase(servers: dict[str, Server], workload: Workload, args,
         }
         assert len(set(sizes.values())) == 1, sizes
         block = {"requested": requested, "actual": sizes["stock"]}
-        sides = Sides(workload, session, servers, args.max_model_len)
+        sides = Sides(workload, session, servers, args.max_model_len,
+                      args.trace_kv)
         warm = workload.prompt(2, 0, True)
         for name in SIDES:
             await sides.run(name, warm)
@@ -984,6 +1058,12 @@ def main() -> None:
                         help="with --append: measure the cells asked for "
                         "even if --out has them, replacing them (the earlier "
                         "rows are kept under superseded_cells)")
+    parser.add_argument("--trace-kv",
+                        type=float,
+                        metavar="SECONDS",
+                        help="sample each server's KV-pool usage and queue "
+                        "lengths this often during its runs (a /metrics "
+                        "read each time, on every side alike)")
     parser.add_argument("--log-dir",
                         help="keep the servers' logs here (default: "
                         "deleted after each phase)")
