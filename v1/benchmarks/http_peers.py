@@ -910,51 +910,51 @@ def print_tables(results: dict) -> None:
 
 
 def plot(results: dict, path: Path) -> None:
-    """Tasks/s per side at each number of tasks in flight, k = `MAIN_K`,
-    one panel per block size; the hooks/join ratio and its limit above."""
+    """Tasks/s per side at each number of tasks in flight, one panel per k
+    (rows) and block size (columns); the hooks/join ratio and its limit
+    above each group."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    cells = [c for c in results["cells"] if c["k"] == MAIN_K]
-    if not cells:
-        print(f"no cell at k = {MAIN_K} to plot")
-        return
+    cells = results["cells"]
+    ks = sorted({c["k"] for c in cells})
     blocks = sorted({c["block_size"] for c in cells})
     sides = ("hooks_v1", "join_v1", "sequential_v1", "hooks_v0")
     width = 0.8 / len(sides)
-    figure, axes = plt.subplots(1,
+    figure, axes = plt.subplots(len(ks),
                                 len(blocks),
-                                figsize=(5.5 * len(blocks), 4.2),
+                                figsize=(5.5 * len(blocks), 3.6 * len(ks)),
                                 squeeze=False)
-    for axis, block in zip(axes[0], blocks):
-        rows = sorted((c for c in cells if c["block_size"] == block),
-                      key=lambda c: c["in_flight"])
-        for i, side in enumerate(sides):
-            axis.bar([x + i * width for x in range(len(rows))],
-                     [c[f"{side}_tasks_per_s"] for c in rows],
-                     width,
-                     label=side)
-        for x, c in enumerate(rows):
-            axis.annotate(
-                f"{c['hooks_over_join_throughput']}x\n"
-                f"limit {c['limit']}", (x, c["hooks_v1_tasks_per_s"]),
-                fontsize=7,
-                ha="center",
-                textcoords="offset points",
-                xytext=(0, 4))
-        axis.set_xticks([x + 1.5 * width for x in range(len(rows))],
-                        [str(c["in_flight"]) for c in rows])
-        axis.set_xlabel("tasks in flight")
-        axis.set_ylabel("tasks/s")
-        axis.set_title(f"k = {MAIN_K}, KV block {block}, "
-                       f"{results['meta']['dtype']}")
-        axis.margins(y=0.2)
+    for axis_row, k in zip(axes, ks):
+        for axis, block in zip(axis_row, blocks):
+            rows = sorted(
+                (c for c in cells if (c["k"], c["block_size"]) == (k, block)),
+                key=lambda c: c["in_flight"])
+            for i, side in enumerate(sides):
+                axis.bar([x + i * width for x in range(len(rows))],
+                         [c[f"{side}_tasks_per_s"] for c in rows],
+                         width,
+                         label=side)
+            for x, c in enumerate(rows):
+                axis.annotate(
+                    f"{c['hooks_over_join_throughput']}x\n"
+                    f"limit {c['limit']}", (x, c["hooks_v1_tasks_per_s"]),
+                    fontsize=7,
+                    ha="center",
+                    textcoords="offset points",
+                    xytext=(0, 4))
+            axis.set_xticks([x + 1.5 * width for x in range(len(rows))],
+                            [str(c["in_flight"]) for c in rows])
+            axis.set_xlabel("tasks in flight")
+            axis.set_ylabel("tasks/s")
+            axis.set_title(f"k = {k}, KV block {block}, "
+                           f"{results['meta']['dtype']}")
+            axis.margins(y=0.25)
     handles, labels = axes[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
-    figure.suptitle(
-        "Capitals task over HTTP, 2-core CPU (k = 4: idle machine)",
-        fontsize=10)
-    figure.tight_layout(rect=(0, 0.07, 1, 1))
+    figure.suptitle("Capitals task over HTTP, 2-core CPU, idle machine",
+                    fontsize=10)
+    figure.tight_layout(rect=(0, 0.03, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     print(f"wrote {path}")
