@@ -117,12 +117,13 @@ SIDES = {
     "plain_plugin": ("plugin", "sequential"),
 }
 SAME_TEXT_SIDES = ("hooks_v1", "join_v1", "hooks_v0")
-# `--trace-kv`: the gauges sampled during a run, by server (V0 names its KV
-# pool's usage after the GPU, whatever the device).
+# `--trace-kv`: the gauges sampled during a run, by server (V0's own
+# `gpu_cache_usage_perc` carries the swap space on the CPU, so the fork
+# exports the KV pool's usage itself; docs/serving.md).
 KV_USAGE = {
     "plugin": "vllm:kv_cache_usage_perc",
     "stock": "vllm:kv_cache_usage_perc",
-    "v0": "vllm:gpu_cache_usage_perc",
+    "v0": "vllm:sequence_hook_kv_cache_usage_perc",
 }
 QUEUE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
@@ -402,10 +403,11 @@ async def sampled(sides: Sides, server: str, samples: list[dict]) -> None:
 
 
 def trace_summary(samples: list[dict]) -> dict:
-    """A run's KV-usage trace in a few figures."""
+    """A side's KV-usage trace at a cell (its rounds' samples) in a few
+    figures."""
     usage = [s["kv_usage"] for s in samples]
     return {
-        "samples":
+        "trace_samples":
         len(samples),
         "kv_usage_mean":
         round(statistics.fmean(usage), 3),
@@ -519,7 +521,7 @@ def side_row(runs: list[dict], server: str) -> dict:
     }
     traces = [s for run in runs for s in run.get("kv_trace", [])]
     if traces:
-        row.update({f"kv_{k}": v for k, v in trace_summary(traces).items()})
+        row.update(trace_summary(traces))
     if server == "v0":
         # V0 exports no prefix-cache counter.
         row["prefill_computed_per_task"] = None
