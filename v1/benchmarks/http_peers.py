@@ -954,8 +954,10 @@ def plot(results: dict, path: Path) -> None:
             axis.margins(y=0.25)
     handles, labels = axes[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=4, fontsize=8)
-    figure.suptitle("Capitals task over HTTP, 2-core CPU, idle machine",
-                    fontsize=10)
+    figure.suptitle(
+        "Capitals task over HTTP, 2-core CPU, idle machine: compare the "
+        "sides within a cell (cells come from separate runs)",
+        fontsize=10)
     figure.tight_layout(rect=(0, 0.03, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
