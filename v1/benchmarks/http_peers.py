@@ -70,11 +70,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import aiohttp
 import psutil
 
 from sequence_hooks_testkit.bench.client_join import JoinTask
@@ -394,11 +395,14 @@ class Sides:
         }
 
 
-async def sampled(sides: Sides, server: str, samples: list[dict]) -> None:
+async def sample_gauges(sides: Sides, server: str,
+                        samples: list[dict]) -> None:
     """Appends the server's gauges to ``samples`` every
-    ``sides.trace_kv_s`` until cancelled."""
+    ``sides.trace_kv_s`` until cancelled; a read that fails (the server
+    closing a kept-alive connection) is skipped, not the trace."""
     while True:
-        samples.append(await sides.gauges(server))
+        with suppress(aiohttp.ClientError):
+            samples.append(await sides.gauges(server))
         await asyncio.sleep(sides.trace_kv_s)
 
 
@@ -451,12 +455,13 @@ def percentile(values: list[float], q: float) -> Optional[float]:
 
 async def measured_run(sides: Sides, side: str, prompts: list[list[int]],
                        in_flight: int) -> dict:
-    """One side's run over ``prompts``, with its counters and CPU."""
+    """One side's run over ``prompts``, with its counters and CPU (and,
+    if ``sides.trace_kv_s`` is set, its gauges' samples: ``kv_trace``)."""
     server = sides.servers[SIDES[side][0]]
     before = sides.counters(server.name)
     cpu_before = server.cpu_seconds()
     samples: list[dict] = []
-    sampler = (asyncio.create_task(sampled(sides, server.name, samples))
+    sampler = (asyncio.create_task(sample_gauges(sides, server.name, samples))
                if sides.trace_kv_s else None)
     try:
         outcomes, wall = await closed_loop(
@@ -464,6 +469,8 @@ async def measured_run(sides: Sides, side: str, prompts: list[list[int]],
     finally:
         if sampler is not None:
             sampler.cancel()
+            with suppress(asyncio.CancelledError):
+                await sampler
     cpu = server.cpu_seconds() - cpu_before
     after = sides.counters(server.name)
     run = {
@@ -964,6 +971,14 @@ def plot(results: dict, path: Path) -> None:
     print(f"wrote {path}")
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds above 0."""
+    seconds = float(text)
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be above 0")
+    return seconds
+
+
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """The servers' options, shared with `plain_overhead.py`."""
     parser.add_argument("--model",
@@ -1063,7 +1078,7 @@ def main() -> None:
                         "even if --out has them, replacing them (the earlier "
                         "rows are kept under superseded_cells)")
     parser.add_argument("--trace-kv",
-                        type=float,
+                        type=positive_seconds,
                         metavar="SECONDS",
                         help="sample each server's KV-pool usage and queue "
                         "lengths this often during its runs (a /metrics "
