@@ -314,6 +314,12 @@ class PromiseCoordinator:
         """When each parked member was parked (`time.monotonic()`)."""
         return dict(self._parked)
 
+    def root_of(self, member_id: str) -> Optional[str]:
+        """The root of the live tree ``member_id`` belongs to; None if
+        none."""
+        member = self._members.get(member_id)
+        return None if member is None else member.tree.state.root.request_id
+
     def ancestors(self, member_id: str) -> list[str]:
         """A member's parent, its parent's parent..., nearest first."""
         member = self._members.get(member_id)

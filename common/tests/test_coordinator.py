@@ -305,3 +305,20 @@ def test_only_roots_are_visible_and_critical_path_is_what_a_root_awaits():
     assert not coordinator.on_critical_path("plain")
     finish(engine, "r/promise-0")
     assert coordinator.on_critical_path("r")
+
+
+def test_every_member_names_its_trees_root_until_the_tree_ends():
+    """What an adapter reports for a child under its root (the V1
+    scheduler's children's preemptions): nested members included, nothing
+    once the tree is gone."""
+    engine = FakeEngine(limits={"max_depth": 3})
+    start(engine)
+    engine.sample("r", PROMISE)
+    engine.sample("r/promise-0", PROMISE)
+    coordinator = engine.coordinator
+    assert [
+        coordinator.root_of(member)
+        for member in ("r", "r/promise-0", "r/promise-1", "other")
+    ] == ["r", "r", "r", None]
+    coordinator.aborted("r")
+    assert coordinator.root_of("r/promise-1") is None

@@ -121,6 +121,7 @@ def assert_engine_clean(llm):
     assert scheduler.pending_forks == {} and scheduler.evicted == set()
     assert scheduler.child_logprobs == {}
     assert len(scheduler.sample_trees) == 0
+    assert len(scheduler.child_preemptions) == 0
     assert len(scheduler.stop_strings) == 0
     assert scheduler.num_waiting_for_streaming_input == 0
     # Every block but the pool's reserved null block is free.

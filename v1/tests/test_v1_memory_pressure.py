@@ -14,6 +14,7 @@ evicted there sample on after their resume as they do without pressure.
 """
 
 import pytest
+from vllm_sequence_hooks import promise_tree
 
 from sequence_hooks_testkit.conformance import assert_fuzz_outcome, hook_odds
 from sequence_hooks_testkit.programs import NONE
@@ -144,6 +145,54 @@ def test_parked_parents_are_evicted_and_recompute_at_resume(
         for resumed, chunk, start in resumes
     ]
     assert any(n > 0 for n in recomputed), recomputed
+
+
+def wide_plans(hook_ids, num_children: int, child_tokens: int) -> dict:
+    """A word, ``num_children`` promises, a sync, four words; each child
+    writes ``child_tokens``."""
+    plans = {
+        (): [NONE] + [hook_ids.promise] * num_children + [hook_ids.sync] +
+        [NONE] * 4
+    }
+    plans.update({(i, ): [NONE] * child_tokens for i in range(num_children)})
+    return plans
+
+
+def test_childrens_preemptions_are_counted_as_their_roots(
+        tiny_model_path, hook_ids):
+    """`vllm:num_preemptions` counts every preemption: the children's
+    outputs never reach the frontend, so their `PREEMPTED` events go with
+    their root's. One tree whose six children of 150 tokens (five blocks
+    each) cannot all fit 15 usable blocks preempts some of them whatever
+    the timing."""
+    llm = v1_llm(tiny_model_path,
+                 hook_ids,
+                 block_size=BLOCK_SIZE,
+                 num_gpu_blocks_override=16,
+                 disable_log_stats=False)
+    scheduler = scheduler_of(llm)
+    preempted = []
+    preempt = scheduler._preempt_request
+
+    def counted(request, *args, **kwargs):
+        preempted.append(request.request_id)
+        return preempt(request, *args, **kwargs)
+
+    scheduler._preempt_request = counted
+    [output] = llm.generate(["the cat sees"],
+                            scripted_params(wide_plans(hook_ids, 6, 150),
+                                            hook_ids, 200),
+                            use_tqdm=False)
+    assert [len(child.token_ids)
+            for child in promise_tree(output).children] == [151] * 6
+    assert preempted and all("/promise-" in request_id
+                             for request_id in preempted), preempted
+    [counter] = [
+        metric for metric in llm.get_metrics()
+        if metric.name == "vllm:num_preemptions"
+    ]
+    assert counter.value == len(preempted)
+    assert_engine_clean(llm)
 
 
 # Seeded parents: each promises, syncs at once, and samples 10 more words

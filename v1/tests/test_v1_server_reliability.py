@@ -20,10 +20,12 @@ from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
                                               scripted_body)
 
 # KV pool: 16 blocks of 32 tokens (V1's CPU attention takes multiples of
-# 32 only); one tree of the load grows to about 5, so 32 or 64 at once
-# wait for blocks and running ones are preempted for them (the test
-# asserts the preemption counter rose; the gauges are not read reliably
-# while the server streams).
+# 32 only), 15 usable; one tree of the load grows to about 5, so 32 or 64
+# at once wait for blocks. Each load also runs one wide tree
+# (`wide_tree_plans`) that alone needs more than the pool, so running
+# members are preempted whatever the arrival order (the test asserts the
+# preemption counter rose; the gauges are not read reliably while the
+# server streams).
 POOL = ("--block-size", "32", "--num-gpu-blocks-override", "16",
         "--max-num-seqs", "256")
 IDLE_TIMEOUT_S = 90
@@ -80,6 +82,15 @@ def tree_plans(hook_ids, index: int, long_children: bool = False) -> dict:
         (0, ): [None] * first,
         (1, ): [None] * second,
     }
+
+
+def wide_tree_plans(hook_ids) -> dict:
+    """A word, six promises, a sync, four words; six children of 150
+    tokens (five blocks each: 30 blocks at once, twice the pool)."""
+    P, S = hook_ids.promise, hook_ids.sync
+    plans = {(): [None] + [P] * 6 + [S] + [None] * 4}
+    plans.update({(i, ): [None] * 150 for i in range(6)})
+    return plans
 
 
 @pytest.mark.parametrize(
@@ -146,7 +157,8 @@ def test_streams_that_leave_mid_stream_and_at_a_sync_leave_nothing(
         server, hook_ids, tiny_model_path, in_flight):
     """A quarter leave after two chunks (mid-stream), a quarter leave
     while their parent is parked (children of 150 tokens), the rest read
-    to the end; all at once on the small pool."""
+    to the end; all at once on the small pool, with a wide tree that
+    alone overflows it (read to the end)."""
 
     async def load() -> list[str]:
         async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S * 4) as client:
@@ -163,15 +175,22 @@ def test_streams_that_leave_mid_stream_and_at_a_sync_leave_nothing(
                         0: 2,
                         1: 1
                     }.get(kind, 0)))
+            wide = scripted_body(wide_tree_plans(hook_ids),
+                                 hook_ids,
+                                 tiny_model_path,
+                                 True,
+                                 max_tokens=200)
+            streams.append(one_stream(client, server, wide, 0))
             return await asyncio.gather(*streams)
 
     preempted = metrics(server, [PREEMPTIONS])[PREEMPTIONS]
     endings = asyncio.run(load())
     # The pressure was real: running requests were preempted for blocks
-    # (a counter, read reliably once the streams ended).
+    # (a counter, read reliably once the streams ended; children's
+    # preemptions count as their root's).
     assert metrics(server, [PREEMPTIONS])[PREEMPTIONS] > preempted
     expected = [
         "left" if index % 4 in (0, 1) else "done" for index in range(in_flight)
-    ]
+    ] + ["done"]
     assert endings == expected
     assert_idle_and_healthy(server, hook_ids, tiny_model_path)

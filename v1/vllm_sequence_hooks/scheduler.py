@@ -22,8 +22,8 @@ from vllm_sequence_hooks.ordering import CriticalPathOrder
 from vllm_sequence_hooks.parking import ParkingScheduler
 from vllm_sequence_hooks.seams import check_vllm_version
 from vllm_sequence_hooks.stop_strings import StopStringChecks, frontend_text
-from vllm_sequence_hooks.transport import (SampleTrees, append_merged_tokens,
-                                           attach_tree)
+from vllm_sequence_hooks.transport import (ChildPreemptions, SampleTrees,
+                                           append_merged_tokens, attach_tree)
 
 from sequence_hooks.lifecycle import (ChildSpec, MemberResult,
                                       PromiseCoordinator, RequestParams,
@@ -115,6 +115,7 @@ class SequenceHookScheduler(ParkingScheduler):
                                         special_kwargs.max_steps_passed_over)
                       if special_kwargs.critical_path_first else None)
         self.sample_trees = SampleTrees()
+        self.child_preemptions = ChildPreemptions()
         self.stop_strings = StopStringChecks(self.tokenizer)
         # Live children's sampled tokens' logprobs (None where merged), if
         # their request asked for logprobs (a root's are its output's).
@@ -176,7 +177,7 @@ class SequenceHookScheduler(ParkingScheduler):
         self._extra = {}
         # Decided before the hooks run: a finished root drops its tree.
         children = {
-            request_id
+            request_id: self.coordinator.root_of(request_id)
             for request_id in self._outputs
             if self.coordinator.is_child(request_id)
         }
@@ -187,7 +188,12 @@ class SequenceHookScheduler(ParkingScheduler):
                                or self.requests.get(out.request_id))
                     if request is not None:
                         self._on_output(request, out)
-                # Children never report to the frontend.
+                # Children never report to the frontend; their
+                # preemptions count as their root's.
+                for out in outputs.outputs:
+                    if out.request_id in children:
+                        self.child_preemptions.hold(children[out.request_id],
+                                                    out)
                 outputs.outputs = [
                     out for out in outputs.outputs
                     if out.request_id not in children
@@ -197,6 +203,7 @@ class SequenceHookScheduler(ParkingScheduler):
                     client_index, EngineCoreOutputs()).outputs.extend(outputs)
             for outputs in engine_outputs.values():
                 for out in outputs.outputs:
+                    self.child_preemptions.attach(out)
                     if out.finish_reason is None:
                         self._check_root_stop_strings(out)
                     if out.finish_reason is not None:
@@ -327,6 +334,7 @@ class SequenceHookScheduler(ParkingScheduler):
                                None else request_ids):
             self.sample_trees.forget(request_id)
             self.stop_strings.forget(request_id)
+            self.child_preemptions.forget(request_id)
             if (self.coordinator.is_member(request_id)
                     and not self.coordinator.is_child(request_id)):
                 self.coordinator.aborted(request_id)

@@ -22,7 +22,8 @@ from typing import Any, Optional
 import numpy as np
 
 from sequence_hooks.tree import PromiseTreeState
-from vllm.v1.engine import EngineCoreOutput
+from vllm.v1.engine import (EngineCoreEvent, EngineCoreEventType,
+                            EngineCoreOutput)
 from vllm.v1.outputs import LogprobsLists
 from vllm.v1.request import Request
 
@@ -143,3 +144,43 @@ class SampleTrees:
         samples = None if match is None else self._samples.get(match[2])
         return (samples if samples is not None and request_id in samples.live
                 else None)
+
+
+class ChildPreemptions:
+    """Children's preemptions, reported as their root's.
+
+    A child's outputs never leave the engine core, nor would its events:
+    the frontend counts `vllm:num_preemptions_total` from the
+    `PREEMPTED` events of the outputs it receives, so a child preempted
+    for blocks would go uncounted. Its `PREEMPTED` events are held for its
+    root and go with the root's next output (every tree ends with one);
+    other events (queued, scheduled) would set the root's own timestamps
+    and stay behind.
+    """
+
+    def __init__(self) -> None:
+        # By root request id.
+        self._held: dict[str, list[EngineCoreEvent]] = {}
+
+    def hold(self, root_id: str, child_out: EngineCoreOutput) -> None:
+        """Keeps a dropped child output's preemptions for its root."""
+        preempted = [
+            event for event in child_out.events or ()
+            if event.type == EngineCoreEventType.PREEMPTED
+        ]
+        if preempted:
+            self._held.setdefault(root_id, []).extend(preempted)
+
+    def attach(self, out: EngineCoreOutput) -> None:
+        """Adds the preemptions held for ``out``'s request to it."""
+        held = self._held.pop(out.request_id, None)
+        if held:
+            out.events = list(out.events or ()) + held
+
+    def forget(self, root_id: str) -> None:
+        """A root ended with no output to carry them (aborted)."""
+        self._held.pop(root_id, None)
+
+    def __len__(self) -> int:
+        """Roots with preemptions held."""
+        return len(self._held)
