@@ -25,18 +25,18 @@ def v1_llm(model_path: Path, hook_ids=None, **engine_kwargs):
         hook_ids: `HookIds` to turn the hooks on (role marker included).
         engine_kwargs: Overrides of the engine arguments.
     """
-    from vllm_sequence_hooks import hooked_engine_args
+    # The plugin imported first: `special_kwargs=` (`engine_args`).
+    import vllm_sequence_hooks  # noqa: F401
 
     from sequence_hooks_testkit.v1_scripted_logits import (RandomHooksV1,
                                                            ScriptedHooksV1)
     from vllm import LLM
     if hook_ids is not None:
-        engine_kwargs.update(
-            hooked_engine_args({
-                "sync_token_id": hook_ids.sync,
-                "promise_token_id": hook_ids.promise,
-                "child_role_token_id": hook_ids.child,
-            }))
+        engine_kwargs["special_kwargs"] = {
+            "sync_token_id": hook_ids.sync,
+            "promise_token_id": hook_ids.promise,
+            "child_role_token_id": hook_ids.child,
+        }
     return LLM(
         model=str(model_path),
         **{
@@ -49,8 +49,7 @@ def v1_llm(model_path: Path, hook_ids=None, **engine_kwargs):
             "seed":
             0,
             **engine_kwargs,
-            # The hooks' request check (`hooked_engine_args`), if
-            # any, and the scripts.
+            # The scripts (the hooks add their request check).
             "logits_processors": [
                 *engine_kwargs.get("logits_processors", ()), ScriptedHooksV1,
                 RandomHooksV1

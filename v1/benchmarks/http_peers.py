@@ -84,7 +84,8 @@ from sequence_hooks_testkit.bench.client_join_http import (HttpTransport,
                                                            stream_completion)
 from sequence_hooks_testkit.bench.runs import print_table
 from sequence_hooks_testkit.server import free_port, stop_server, wait_healthy
-from sequence_hooks_testkit.v1_server import HOOKS, metric_totals, metrics
+from sequence_hooks_testkit.v1_server import (SPECIAL_KWARGS, metric_totals,
+                                              metrics)
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "models"))
@@ -168,21 +169,14 @@ def serve_command(name: str, args, port: int, block_size: int) -> list[str]:
     if name == "v0":
         return command + [
             "--special-kwargs",
-            json.dumps(HOOKS["special_kwargs"]), "--disable-log-requests"
+            json.dumps(SPECIAL_KWARGS), "--disable-log-requests"
         ]
     # The CPU backend refuses to start unless this share of the machine's
     # memory is free; three servers share it (the KV cache is sized by
     # VLLM_CPU_KVCACHE_SPACE).
     command += ["--gpu-memory-utilization", "0.05"]
     if name == "plugin":
-        command += [
-            "--scheduler-cls",
-            "vllm_sequence_hooks.scheduler.SequenceHookScheduler",
-            "--additional-config",
-            json.dumps(HOOKS), "--logits-processors",
-            "vllm_sequence_hooks.admission:HookedRequestCheck", "--middleware",
-            "vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown"
-        ]
+        command += ["--special-kwargs", json.dumps(SPECIAL_KWARGS)]
     return command
 
 

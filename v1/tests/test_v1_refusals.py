@@ -2,13 +2,10 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """What the plugin refuses, as V0 refuses it, each with its reason: at
 start, the scheduler (made as the engine core makes it, no model), the
-request check (`admission.HookedRequestCheck`, made as a worker makes it)
-and `vllm serve` itself; per request, structured outputs, offline and on
-the hooked engine."""
+request check (`admission.HookedRequestCheck`, made as a worker makes it);
+per request, structured outputs, offline and on the hooked engine. What
+`vllm serve` refuses before any engine starts: test_v1_one_flag.py."""
 
-import inspect
-import os
-import subprocess
 from unittest.mock import MagicMock
 
 import pytest
@@ -22,17 +19,11 @@ from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 from sequence_hooks_testkit.conformance import hook_metric
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
 from sequence_hooks_testkit.v1_engines import assert_engine_clean
-from sequence_hooks_testkit.v1_server import (HOOKS, START_TIMEOUT_S,
-                                              free_port, serve_command)
 from vllm import SamplingParams
 from vllm.config import (ModelConfig, ParallelConfig, SchedulerConfig,
                          SpeculativeConfig, VllmConfig)
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import BeamSearchParams, StructuredOutputsParams
-from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-
-# What the CPU model runner logs as it starts loading the model.
-LOADING = "Starting to load model"
 
 
 def hooks(hook_ids, **changes):
@@ -141,34 +132,6 @@ def test_the_request_check_refuses_a_bad_configuration_before_the_model(
     check = HookedRequestCheck(good, torch.device("cpu"), False)
     logits = torch.randn(2, 8)
     assert check.apply(logits) is logits and check.is_argmax_invariant()
-
-
-def test_a_bad_special_kwargs_stops_the_server_before_the_model_loads(
-        tiny_model_path):
-    """The refusal above, seen from outside: `vllm serve` exits non-zero
-    before loading weights, the reason in its log. Pinned upstream
-    behaviour (docs/v1.md): the log's last line is upstream's, not the
-    reason, because the engine core's failure reaches the API server as
-    an exit code; if upstream ever passes the reason on, this fails and
-    the docs must change."""
-    # The marker of a model load, as this vLLM logs it.
-    assert LOADING in inspect.getsource(CPUModelRunner.load_model)
-    bad = {"special_kwargs": {**HOOKS["special_kwargs"], "sync_token": "zz"}}
-    result = subprocess.run(serve_command(tiny_model_path, free_port(), (),
-                                          bad),
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT,
-                            text=True,
-                            timeout=START_TIMEOUT_S,
-                            env=dict(os.environ,
-                                     VLLM_ENABLE_V1_MULTIPROCESSING="1"))
-    log = result.stdout
-    assert result.returncode != 0, log[-2000:]
-    assert "special_kwargs: sync_token 'zz' is not a single token" in log
-    assert LOADING not in log
-    last = log.strip().splitlines()[-1]
-    assert last.startswith("RuntimeError: Engine core initialization "
-                           "failed. See root cause above."), last
 
 
 @pytest.mark.parametrize("structured", [

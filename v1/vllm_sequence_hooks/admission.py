@@ -35,14 +35,6 @@ STRUCTURED_OUTPUTS = (
     "it.")
 
 
-def names_request_check(vllm_config: VllmConfig) -> bool:
-    """Whether `--logits-processors` names the hooks' request check."""
-    return any(entry is HookedRequestCheck or (
-        isinstance(entry, str)
-        and entry.replace(":", ".") == REQUEST_CHECK.replace(":", "."))
-               for entry in vllm_config.model_config.logits_processors or ())
-
-
 class HookedRequestCheck(CheckOnlyLogitsProcessor):
     """Refuses requests sequence hooks cannot serve; leaves logits alone.
 

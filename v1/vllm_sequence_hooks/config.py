@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """How the V1 plugin is configured: `--scheduler-cls`, the
-`special_kwargs` key of `--additional-config` and the request check of
-`--logits-processors` (`admission`), and the checks of that configuration
-that the scheduler and the request check share."""
+`special_kwargs` key of `--additional-config`, the request check of
+`--logits-processors` (`admission`) and, on a server, two `--middleware`;
+`hooked_settings` derives them all from `special_kwargs` (the one flag,
+`engine_args`), and the checks of that configuration that the scheduler,
+the request check and `engine_args` share."""
 
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from vllm_sequence_hooks.seams import check_vllm_version
@@ -19,6 +22,15 @@ CONFIG_KEY = "special_kwargs"
 SCHEDULER_CLS = "vllm_sequence_hooks.scheduler.SequenceHookScheduler"
 # What `--logits-processors` names (`admission.HookedRequestCheck`).
 REQUEST_CHECK = "vllm_sequence_hooks.admission:HookedRequestCheck"
+# Why hooks refuse `skip_tokenizer_init`, as V0 does.
+SKIP_TOKENIZER_INIT = (
+    "special_kwargs: sequence hooks cannot run with skip_tokenizer_init: "
+    "they decode each child's text and encode it into its parent, and "
+    "resolve token strings, with the model's tokenizer")
+# What `--middleware` names on a hooked server: streams end on shutdown
+# (`shutdown`), beam search is refused (`beam_search`).
+MIDDLEWARE = ("vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown",
+              "vllm_sequence_hooks.beam_search.RefuseBeamSearch")
 
 
 def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
@@ -50,6 +62,9 @@ def parse_special_kwargs(raw: Any) -> SpecialKwargs:
         return raw
     if isinstance(raw, str):
         return SpecialKwargs.from_json(raw)
+    if not isinstance(raw, Mapping):
+        raise ValueError("special_kwargs must be SpecialKwargs, a dict or "
+                         f"its JSON, not {type(raw).__name__}")
     return SpecialKwargs(**raw)
 
 
@@ -81,15 +96,90 @@ def check_special_kwargs(special_kwargs: SpecialKwargs,
 
 def names_scheduler(vllm_config: VllmConfig) -> bool:
     """Whether `--scheduler-cls` names the plugin's scheduler."""
-    scheduler_cls = vllm_config.scheduler_config.scheduler_cls
-    if not isinstance(scheduler_cls, str):
-        scheduler_cls = (getattr(scheduler_cls, "__module__", "") + "." +
-                         getattr(scheduler_cls, "__qualname__", ""))
-    return scheduler_cls == SCHEDULER_CLS
+    return _is_scheduler(vllm_config.scheduler_config.scheduler_cls)
+
+
+def names_request_check(vllm_config: VllmConfig) -> bool:
+    """Whether `--logits-processors` names the hooks' request check."""
+    return any(
+        _is_request_check(entry)
+        for entry in vllm_config.model_config.logits_processors or ())
+
+
+def fields_of(special_kwargs: SpecialKwargs) -> dict[str, Any]:
+    """Every field of ``special_kwargs``, by name (what `additional_config`
+    carries: plain data, to JSON and back)."""
+    return {
+        name: getattr(special_kwargs, name)
+        for name in SpecialKwargs.__dataclass_fields__
+    }
+
+
+def hooked_settings(special_kwargs: Any,
+                    settings: Mapping[str, Any],
+                    server: bool = False) -> dict[str, Any]:
+    """The engine settings that turn the hooks on, added to ``settings``.
+
+    What `--special-kwargs` and `special_kwargs=` expand into (the five
+    flags of a hooked server, three for an engine): `scheduler_cls`, the
+    `special_kwargs` key of `additional_config`, the request check
+    appended to `logits_processors` (processors of the caller's own stay,
+    before it) and, with ``server``, the two `middleware` appended. Applied
+    twice, it changes nothing the second time.
+
+    Args:
+        special_kwargs: A SpecialKwargs, a dict of its fields or its JSON.
+        settings: The settings given so far, by engine-argument name
+            (missing or None: not given).
+        server: Whether the settings are a server's (`middleware`).
+
+    Returns:
+        The changed settings only.
+
+    Raises:
+        UnsupportedVllmVersion: on a vLLM the plugin was not tested on.
+        ValueError: if ``special_kwargs`` is invalid, or a setting given
+            conflicts with it: another scheduler, or other hooks in
+            `additional_config`.
+    """
+    check_vllm_version()
+    parsed = parse_special_kwargs(special_kwargs)
+    fields = fields_of(parsed)
+    scheduler_cls = settings.get("scheduler_cls")
+    if scheduler_cls is not None and not _is_scheduler(scheduler_cls):
+        raise ValueError(
+            f"special_kwargs runs the hooks' scheduler ({SCHEDULER_CLS}); "
+            f"scheduler_cls={scheduler_cls!r} given beside it conflicts: "
+            "drop it (the hooks' scheduler is upstream's, async or not, "
+            "with the hooks)")
+    additional_config = dict(settings.get("additional_config") or {})
+    given = additional_config.get(CONFIG_KEY)
+    if given is not None and parse_special_kwargs(given) != parsed:
+        raise ValueError(
+            f"special_kwargs={fields!r} and additional_config"
+            f"[{CONFIG_KEY!r}]={given!r} conflict: give the hooks once")
+    additional_config[CONFIG_KEY] = fields
+    processors = list(settings.get("logits_processors") or ())
+    if not any(_is_request_check(entry) for entry in processors):
+        processors.append(REQUEST_CHECK)
+    changed = {
+        "scheduler_cls": SCHEDULER_CLS,
+        "additional_config": additional_config,
+        "logits_processors": processors,
+    }
+    if server:
+        middleware = list(settings.get("middleware") or ())
+        changed["middleware"] = middleware + [
+            name for name in MIDDLEWARE if name not in middleware
+        ]
+    return changed
 
 
 def hooked_engine_args(special_kwargs: Any) -> dict[str, Any]:
     """Engine arguments that turn the hooks on, for `LLM(**...)`.
+
+    `LLM(model, special_kwargs=...)` does the same once the plugin is
+    imported (`engine_args`).
 
     Args:
         special_kwargs: A SpecialKwargs, a dict of its fields or its JSON.
@@ -104,17 +194,18 @@ def hooked_engine_args(special_kwargs: Any) -> dict[str, Any]:
             (before any model is loaded).
         ValueError: if ``special_kwargs`` is invalid.
     """
-    check_vllm_version()
-    parsed = parse_special_kwargs(special_kwargs)
-    if isinstance(special_kwargs, SpecialKwargs):
-        special_kwargs = {
-            name: getattr(parsed, name)
-            for name in SpecialKwargs.__dataclass_fields__
-        }
-    return {
-        "scheduler_cls": SCHEDULER_CLS,
-        "additional_config": {
-            CONFIG_KEY: special_kwargs
-        },
-        "logits_processors": [REQUEST_CHECK],
-    }
+    return hooked_settings(special_kwargs, {})
+
+
+def _is_scheduler(scheduler_cls: Any) -> bool:
+    if not isinstance(scheduler_cls, str):
+        scheduler_cls = (getattr(scheduler_cls, "__module__", "") + "." +
+                         getattr(scheduler_cls, "__qualname__", ""))
+    return scheduler_cls == SCHEDULER_CLS
+
+
+def _is_request_check(entry: Any) -> bool:
+    if isinstance(entry, str):
+        return entry.replace(":", ".") == REQUEST_CHECK.replace(":", ".")
+    return (getattr(entry, "__module__", "") + ":" +
+            getattr(entry, "__qualname__", "")) == REQUEST_CHECK

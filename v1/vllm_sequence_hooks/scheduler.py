@@ -15,9 +15,9 @@ V1 requests, with the KV mechanics of `parking`, the transport of
 
 from typing import Any, Optional
 
-from vllm_sequence_hooks.admission import names_request_check
-from vllm_sequence_hooks.config import (REQUEST_CHECK, check_special_kwargs,
-                                        special_kwargs_of)
+from vllm_sequence_hooks.config import (REQUEST_CHECK, SKIP_TOKENIZER_INIT,
+                                        check_special_kwargs,
+                                        names_request_check, special_kwargs_of)
 from vllm_sequence_hooks.ordering import CriticalPathOrder
 from vllm_sequence_hooks.parking import ParkingScheduler
 from vllm_sequence_hooks.seams import check_vllm_version
@@ -89,6 +89,8 @@ class SequenceHookScheduler(ParkingScheduler):
                 "samples of an n > 1 request would run on different "
                 "engines, which cannot join their trees; run one hooked "
                 "server per replica behind a load balancer instead")
+        if vllm_config.model_config.skip_tokenizer_init:
+            raise ValueError(SKIP_TOKENIZER_INIT)
         self.tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
         try:
             special_kwargs = check_special_kwargs(

