@@ -96,6 +96,24 @@ class SpecialKwargs:
         }
 
     @classmethod
+    def parse(cls, value: Any) -> "SpecialKwargs":
+        """Reads what either engine takes as `special_kwargs`: a
+        SpecialKwargs, a dict of its fields or its JSON.
+
+        Raises:
+            ValueError: on another type, invalid JSON, unknown keys, wrong
+                types or values.
+        """
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls.from_json(value)
+        if isinstance(value, dict):
+            return cls(**value)
+        raise ValueError("special_kwargs must be SpecialKwargs, a dict or "
+                         f"its JSON, not {type(value).__name__}")
+
+    @classmethod
     def from_json(cls, text: str) -> "SpecialKwargs":
         """Reads the JSON that `--special-kwargs` takes.
 

@@ -53,19 +53,12 @@ def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
 
 
 def parse_special_kwargs(raw: Any) -> SpecialKwargs:
-    """A SpecialKwargs from itself, a dict of its fields or its JSON.
+    """`SpecialKwargs.parse`, the one parser of both engines.
 
     Raises:
         ValueError: if it is invalid.
     """
-    if isinstance(raw, SpecialKwargs):
-        return raw
-    if isinstance(raw, str):
-        return SpecialKwargs.from_json(raw)
-    if not isinstance(raw, Mapping):
-        raise ValueError("special_kwargs must be SpecialKwargs, a dict or "
-                         f"its JSON, not {type(raw).__name__}")
-    return SpecialKwargs(**raw)
+    return SpecialKwargs.parse(raw)
 
 
 def check_special_kwargs(special_kwargs: SpecialKwargs,

@@ -7,7 +7,7 @@ builds anything and `check_engine_config` on the result, so every
 configuration the hooks cannot serve fails at start with a reason.
 """
 
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 import vllm.envs as envs
 from sequence_hooks.special_kwargs import SpecialKwargs
@@ -24,22 +24,6 @@ HOOK_SCHEDULER = (f"{SequenceHookScheduler.__module__}."
                   f"{SequenceHookScheduler.__qualname__}")
 
 
-def as_special_kwargs(value: Union[SpecialKwargs, dict, str]) -> SpecialKwargs:
-    """Reads `SpecialKwargs` from itself, a dict or a JSON string.
-
-    Raises:
-        ValueError: on unknown keys, wrong types or invalid values.
-    """
-    if isinstance(value, SpecialKwargs):
-        return value
-    if isinstance(value, str):
-        return SpecialKwargs.from_json(value)
-    if isinstance(value, dict):
-        return SpecialKwargs(**value)
-    raise ValueError("special_kwargs must be SpecialKwargs, a dict or a JSON "
-                     f"string, got {type(value).__name__}")
-
-
 def prepare_engine_args(args: "EngineArgs") -> None:
     """Sets the options hooks need where the user left the defaults.
 
@@ -49,7 +33,7 @@ def prepare_engine_args(args: "EngineArgs") -> None:
     Raises:
         ValueError: if an explicit choice conflicts with the hooks.
     """
-    args.special_kwargs = as_special_kwargs(args.special_kwargs)
+    args.special_kwargs = SpecialKwargs.parse(args.special_kwargs)
     if envs.is_set("VLLM_USE_V1") and envs.VLLM_USE_V1:
         refuse("the V1 engine (VLLM_USE_V1=1): hooks run in the V0 engine; "
                "unset VLLM_USE_V1 or set it to 0")
