@@ -13,6 +13,8 @@ engines' logits do not matter) and leave every block free. Seeded parents
 evicted there sample on after their resume as they do without pressure.
 """
 
+import collections
+
 import pytest
 from vllm_sequence_hooks import promise_tree
 
@@ -23,6 +25,7 @@ from sequence_hooks_testkit.v1_engines import (assert_engine_clean,
                                                scripted_params, v1_llm)
 from sequence_hooks_testkit.v1_scripted_logits import POLICY_KEY
 from vllm import SamplingParams
+from vllm.v1.engine import EngineCoreEventType
 
 BLOCK_SIZE = 32
 MAX_STEPS = 3000
@@ -158,19 +161,21 @@ def wide_plans(hook_ids, num_children: int, child_tokens: int) -> dict:
     return plans
 
 
-def test_childrens_preemptions_are_counted_as_their_roots(
-        tiny_model_path, hook_ids):
-    """`vllm:num_preemptions` counts every preemption: the children's
-    outputs never reach the frontend, so their `PREEMPTED` events go with
-    their root's. One tree whose six children of 150 tokens (five blocks
-    each) cannot all fit 15 usable blocks preempts some of them whatever
-    the timing."""
-    llm = v1_llm(tiny_model_path,
-                 hook_ids,
-                 block_size=BLOCK_SIZE,
-                 num_gpu_blocks_override=16,
-                 disable_log_stats=False)
-    scheduler = scheduler_of(llm)
+def test_childrens_preemptions_go_out_with_their_roots(tight_llm, hook_ids,
+                                                       monkeypatch):
+    """`vllm:num_preemptions` counts the `PREEMPTED` events of the outputs
+    that reach the frontend, and a child's outputs never leave the engine
+    core, so its events go out with its root's. One tree whose six
+    children of 90 tokens (three blocks each) cannot all fit 11 usable
+    blocks preempts some of them whatever the timing. Read where the
+    engine core hands its outputs over; the server's counter is asserted
+    by the reliability suite."""
+    scheduler = scheduler_of(tight_llm)
+    # As on a server: the scheduler records events only with statistics
+    # on. Its step statistics stay off (this engine keeps none to make
+    # them from); the events are what the frontend counts.
+    monkeypatch.setattr(scheduler, "log_stats", True)
+    monkeypatch.setattr(scheduler, "make_stats", lambda *args, **kwargs: None)
     preempted = []
     preempt = scheduler._preempt_request
 
@@ -178,21 +183,33 @@ def test_childrens_preemptions_are_counted_as_their_roots(
         preempted.append(request.request_id)
         return preempt(request, *args, **kwargs)
 
-    scheduler._preempt_request = counted
-    [output] = llm.generate(["the cat sees"],
-                            scripted_params(wide_plans(hook_ids, 6, 150),
-                                            hook_ids, 200),
-                            use_tqdm=False)
+    sent = collections.Counter()
+    update = scheduler.update_from_output
+
+    def recorded_update(*args, **kwargs):
+        outputs = update(*args, **kwargs)
+        for engine_outputs in outputs.values():
+            for out in engine_outputs.outputs:
+                sent[out.request_id] += sum(
+                    event.type == EngineCoreEventType.PREEMPTED
+                    for event in out.events or ())
+        return outputs
+
+    monkeypatch.setattr(scheduler, "_preempt_request", counted)
+    monkeypatch.setattr(scheduler, "update_from_output", recorded_update)
+    [output] = tight_llm.generate(["the cat sees"],
+                                  scripted_params(wide_plans(hook_ids, 6, 90),
+                                                  hook_ids, 100),
+                                  use_tqdm=False)
     assert [len(child.token_ids)
-            for child in promise_tree(output).children] == [151] * 6
+            for child in promise_tree(output).children] == [91] * 6
     assert preempted and all("/promise-" in request_id
                              for request_id in preempted), preempted
-    [counter] = [
-        metric for metric in llm.get_metrics()
-        if metric.name == "vllm:num_preemptions"
-    ]
-    assert counter.value == len(preempted)
-    assert_engine_clean(llm)
+    # Only the root's outputs left the engine core, with every event.
+    [root_id] = sent
+    assert "/promise-" not in root_id
+    assert sent[root_id] == len(preempted)
+    assert_engine_clean(tight_llm)
 
 
 # Seeded parents: each promises, syncs at once, and samples 10 more words
