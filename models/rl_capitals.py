@@ -1,37 +1,47 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""GRPO on the real model's own promise trees (TRL + the V1 plugin).
+"""GRPO on the real model's own promise trees (TRL + the V1 plugin): the
+pre-registered three-arm experiment of docs/rl.md.
 
 Starts from the fine-tuned SmolLM2 promise model (`./dev setup` prepares
 it) and trains it with `vllm_sequence_hooks.rl.PromiseTreeGRPOTrainer` on
-parallel capitals tasks over half of the countries its fine-tuning never
-saw (on the countries it was fine-tuned on, a task's samples are one and
-the same text: no spread, nothing for GRPO to learn); each rollout is a
-tree from the hooked V1 engine colocated in this process (vLLM 0.31, the
-newest TRL 1.16 accepts), every node of it trained with its root's
-advantage; the reward is the share of countries whose capital the final
-answer's conclusion gives exactly, plus a small bonus (weight
-`BONUS_WEIGHT`) for a shorter critical path.
+capitals tasks over the rewarded half of the countries its fine-tuning
+never saw (`rl_experiment`), each rollout a tree from the hooked V1
+engine colocated in this process (vLLM 0.31, the newest TRL 1.16
+accepts). The arms share data, steps and settings:
 
-`--smoke` runs two steps on two tasks and prints one JSON line on stdout
-(vLLM's and TRL's logs go to stderr): steps, trees, children, trained
-tokens, masked merged tokens, the largest difference between the
-trainer's and the engine's logprob of a trained token, whether the
-weights changed; it exits 1 if that difference is over
-`LOGPROB_TOLERANCE` or the weights did not change. Without it: a run bounded by
-`--steps` and `--minutes`, with TRL's progress bar, that writes
-`--report` (the run's settings, steps, wall time, seconds per step, peak
-memory, TRL's log, and the model card's evaluation of the model before
-and after, both forms, with the critical path), the trained checkpoint to
-`--out` and the reward curve to `--plot`.
+- A, every node: each child trained in its own context with its root's
+  advantage;
+- B, roots only: the same trainer with the children's rows left out;
+- C, sequential form: the same trainer on the tasks' sequential form.
 
-The report is written when training ends, then completed by the
-evaluation; `--evaluate-only` reruns the evaluation alone (other
-`--eval-seeds`, say) on the checkpoint in `--out`.
+The reward is the share of capitals the conclusion gets right plus a
+critical-path term paid only when all are right
+(`rl_experiment.path_bonus`); advantages are not divided by the group's
+standard deviation; a KL term (``BETA``) holds the policy near the
+starting model.
 
-Usage (from `./dev rl [--smoke] [...]`, in `.venv-rl`):
-    python models/rl_capitals.py [--smoke] [--steps 200] [--minutes 75]
-    python models/rl_capitals.py --evaluate-only [--eval-seeds 1000 1001]
+``--arm X`` trains arm X, saves its checkpoint under ``--checkpoints``,
+records its steps, time and TRL's log in ``--results``
+(`models/smollm2-promise/rl_arms.json`), then evaluates the checkpoint
+(`rl_eval.py`, in a process of its own) and records its per-task results
+there; ``--evaluate before|A|B|C`` (re)evaluates a checkpoint alone.
+Each write recomputes every figure and criterion from the per-task
+results and redraws ``--plot``. ``--time-steps N`` trains N steps of an
+arm and prints their times, recording nothing.
+
+`--smoke` runs two steps of arm A on one task (two trees a step) and
+prints one JSON line on stdout (vLLM's and TRL's logs go to stderr):
+steps, trees, children, trained tokens, masked merged tokens, the largest
+difference between the trainer's and the engine's logprob of a trained
+token, whether the weights changed; it exits 1 if that difference is
+over `LOGPROB_TOLERANCE` or the weights did not change.
+
+Usage (from `./dev rl [...]`, in `.venv-rl`):
+    python models/rl_capitals.py --smoke
+    python models/rl_capitals.py --evaluate before
+    python models/rl_capitals.py --arm A      # then B, then C
+    python models/rl_capitals.py --arm B --time-steps 3
 """
 
 import argparse
@@ -40,12 +50,13 @@ import functools
 import gc
 import json
 import os
-import random
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -65,22 +76,49 @@ import vllm  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import capitals_task as task  # noqa: E402
 import prepare_base_model as prepare  # noqa: E402
+import rl_experiment as experiment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-EVAL = ROOT / "models" / "research" / "eval_real_model.py"
+EVAL = ROOT / "models" / "rl_eval.py"
 SPECIAL_KWARGS = dict(sync_token=task.SYNC,
                       promise_token=task.PROMISE,
                       child_role_token=task.CHILD)
-# The critical-path bonus's weight next to the capitals' (1): it breaks
-# ties between equally right trees, never outweighs a capital.
-BONUS_WEIGHT = 0.05
-RL_SPLIT_SEED = 29
-# Countries per task (a tree of 4 to 7 sequences: the trainer's rows of a
-# step fit this machine's memory beside other work).
-MIN_ITEMS, MAX_ITEMS = 3, 6
+# The pre-registered settings, the same for every arm (docs/rl.md).
+STEPS = 36
+PROMPTS = 1
+GENERATIONS = 4
+# Room for the sequential form of 6 countries (about 190 tokens), which
+# 200 would cut now and then: a cut answer scores 0 in arm C only.
+MAX_TOKENS = 256
+LEARNING_RATE = 2e-5
+# Constant: a short run's linear decay would leave its last steps next to
+# no update.
+LR_SCHEDULER = "constant"
+TEMPERATURE = 1.0
+# The KL term's weight (TRL's default 0 lets the policy drift off the
+# countries it is not rewarded on).
+BETA = 0.04
+# Advantages are the reward minus the group's mean, not divided by its
+# standard deviation (which turns the path term's small differences into
+# unit-size advantages in a group tied on capitals).
+SCALE_REWARDS = "none"
+SEED = 0
 # The smoke check's bound on the trainer's and the engine's logprob of a
 # trained token (fp32 on both sides; the RL suite's tolerance).
 LOGPROB_TOLERANCE = 1e-3
+# TRL's per-step log entries kept in the results (for the reward curves).
+LOG_KEYS = ("step", "reward", "reward_std", "rewards/capitals_reward/mean",
+            "rewards/critical_path_bonus/mean", "kl", "entropy",
+            "frac_reward_zero_std", "promise_tree/children",
+            "promise_tree/trained_tokens", "promise_tree/merged_tokens",
+            "sampling/sampling_logp_difference/max",
+            "completions/clipped_ratio", "step_time")
+
+
+def _text(completion) -> str:
+    """A completion's text (TRL gives chat messages for chat prompts)."""
+    return completion if isinstance(completion,
+                                    str) else completion[-1]["content"]
 
 
 def capitals_reward(completions, countries, **_) -> list[float]:
@@ -95,71 +133,52 @@ def capitals_reward(completions, countries, **_) -> list[float]:
     Returns:
         One reward in [0, 1] per completion.
     """
-    rewards = []
-    for completion, names in zip(completions, countries):
-        text = (completion
-                if isinstance(completion, str) else completion[-1]["content"])
-        right = task.answers_correct(task.Task(tuple(names), True), text)
-        rewards.append(sum(right) / len(right))
-    return rewards
+    return [
+        experiment.capitals_share(names, _text(completion))
+        for completion, names in zip(completions, countries)
+    ]
 
 
-def critical_path_bonus(completion_ids, promise_tree, max_tokens: int,
-                        **_) -> list[float]:
-    """How much shorter than the token limit a tree's critical path is
-    (in [0, 1]; 1 - critical path / limit): the parallel form's point.
+def critical_path_bonus(completions, completion_ids, countries, promise_tree,
+                        max_tokens: int, **_) -> list[float]:
+    """The critical-path term, paid only when every capital is right
+    (`rl_experiment.path_bonus`).
 
     Args:
+        completions: The roots' completions.
         completion_ids: The roots' token ids.
+        countries: Per completion, its task's countries.
         promise_tree: Per root, its tree (None if it never promised: then
             its path is all its tokens).
         max_tokens: The completion limit.
 
     Returns:
-        One bonus per completion.
+        One term in [0, `rl_experiment.BONUS_WEIGHT`] per completion.
     """
     return [
-        max(
-            0.0, 1 -
-            (len(ids) if tree is None else tree.critical_path) / max_tokens)
-        for ids, tree in zip(completion_ids, promise_tree)
+        experiment.path_bonus(names, _text(completion),
+                              len(ids) if tree is None else tree.critical_path,
+                              max_tokens) for completion, ids, names, tree in
+        zip(completions, completion_ids, countries, promise_tree)
     ]
 
 
-def split_held_out() -> tuple[list[str], list[str]]:
-    """The held-out countries GRPO trains on, and those it never sees (the
-    evaluation's test of transfer), half and half, by a fixed seed.
-
-    Returns:
-        The countries trained on, and the others, each sorted.
-    """
-    countries = list(task.HELD_OUT_COUNTRIES)
-    random.Random(RL_SPLIT_SEED).shuffle(countries)
-    half = len(countries) // 2
-    return sorted(countries[:half]), sorted(countries[half:])
-
-
-def training_tasks(num_tasks: int, seed: int) -> Dataset:
-    """Parallel tasks over the held-out countries GRPO trains on.
+def training_dataset(arm: str, steps: int) -> Dataset:
+    """The arm's prompts: the same tasks in the same order for every arm,
+    in the sequential form for C.
 
     Args:
-        num_tasks: How many.
-        seed: The draw's seed.
+        arm: "A", "B" or "C".
+        steps: Training steps (`PROMPTS` tasks each).
 
     Returns:
         TRL's prompt dataset: "prompt" (chat messages) and "countries".
     """
-    rng = random.Random(seed)
-    trained, _ = split_held_out()
-    rows = []
-    for _ in range(num_tasks):
-        t = task.make_task(rng, trained, True,
-                           rng.randint(MIN_ITEMS, MAX_ITEMS))
-        rows.append({
-            "prompt": task.messages_of(t),
-            "countries": list(t.countries)
-        })
-    return Dataset.from_list(rows)
+    tasks = experiment.training_tasks(steps * PROMPTS, SEED, arm != "C")
+    return Dataset.from_list([{
+        "prompt": task.messages_of(t),
+        "countries": list(t.countries)
+    } for t in tasks])
 
 
 class TimeLimit(transformers.TrainerCallback):
@@ -173,25 +192,41 @@ class TimeLimit(transformers.TrainerCallback):
             control.should_training_stop = True
 
 
-class MemoryLog(transformers.TrainerCallback):
-    """Records this process's resident memory after each step, once the
+class StepLog(transformers.TrainerCallback):
+    """Records, after each step, this process's resident memory (once the
     step's garbage is collected and glibc has returned its free heap to
-    the system (so the figure is what the process holds, not the heap's
-    high-water mark)."""
+    the system: what the process holds, not the heap's high-water mark)
+    and the CPU seconds the step took (the colocated engine runs in this
+    process; on a shared machine the wall time measures the others' load
+    too)."""
 
     def __init__(self) -> None:
         self.rss_gib: list[float] = []
+        self.cpu_seconds: list[float] = []
         self._libc = ctypes.CDLL("libc.so.6")
+        self._cpu = self._cpu_now()
+        self._wall = time.monotonic()
+
+    @staticmethod
+    def _cpu_now() -> float:
+        times = os.times()
+        return times.user + times.system
 
     def on_step_end(self, args, state, control, **kwargs):
+        cpu, wall = self._cpu_now(), time.monotonic()
+        self.cpu_seconds.append(round(cpu - self._cpu, 1))
+        seconds = round(wall - self._wall, 1)
+        self._cpu, self._wall = cpu, wall
         gc.collect()
         self._libc.malloc_trim(0)
         pages = int(Path("/proc/self/statm").read_text().split()[1])
         self.rss_gib.append(
             round(pages * os.sysconf("SC_PAGE_SIZE") / 2**30, 2))
-        print(f"step {state.global_step}: resident {self.rss_gib[-1]} GiB",
-              file=sys.stderr,
-              flush=True)
+        print(
+            f"step {state.global_step}: {seconds} s, "
+            f"{self.cpu_seconds[-1]} CPU s, resident {self.rss_gib[-1]} GiB",
+            file=sys.stderr,
+            flush=True)
 
 
 def peak_rss_gib() -> float:
@@ -199,14 +234,15 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def make_trainer(model_dir: Path, args: argparse.Namespace, dataset: Dataset,
+def make_trainer(arm: str, steps: int, generations: int,
                  out: Path) -> PromiseTreeGRPOTrainer:
-    """The trainer over the fine-tuned checkpoint (fp32 on both sides).
+    """The arm's trainer over the fine-tuned checkpoint (fp32 on both
+    sides), with the pre-registered settings.
 
     Args:
-        model_dir: The checkpoint.
-        args: The command line's settings.
-        dataset: The prompts (`training_tasks`).
+        arm: "A", "B" or "C".
+        steps: Training steps.
+        generations: Trees per task.
         out: The trainer's output folder.
 
     Returns:
@@ -214,7 +250,6 @@ def make_trainer(model_dir: Path, args: argparse.Namespace, dataset: Dataset,
     """
     config = GRPOConfig(
         output_dir=str(out),
-        reward_weights=[1.0, BONUS_WEIGHT],
         use_vllm=True,
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=0.05,
@@ -223,36 +258,47 @@ def make_trainer(model_dir: Path, args: argparse.Namespace, dataset: Dataset,
         # tree's rows (children's long contexts, a 49k vocabulary's
         # logits) do not fit at once in this machine's memory.
         per_device_train_batch_size=1,
-        gradient_accumulation_steps=args.prompts * args.generations,
-        num_generations=args.generations,
-        max_completion_length=args.max_tokens,
-        temperature=args.temperature,
-        learning_rate=args.learning_rate,
+        gradient_accumulation_steps=PROMPTS * generations,
+        num_generations=generations,
+        max_completion_length=MAX_TOKENS,
+        temperature=TEMPERATURE,
+        learning_rate=LEARNING_RATE,
+        lr_scheduler_type=LR_SCHEDULER,
+        beta=BETA,
+        scale_rewards=SCALE_REWARDS,
         # Memory: Adafactor's factored moments and recomputed activations
-        # keep the trainer, its engine and their copies of the weights in
-        # about 4 GiB (AdamW's moments alone are 1 GiB more).
+        # keep the trainer, the reference model, the engine and their
+        # copies of the weights in about 4.5 GiB (AdamW's moments alone
+        # are 1 GiB more).
         optim="adafactor",
         gradient_checkpointing=True,
-        max_steps=args.steps,
+        max_steps=steps,
         use_cpu=True,
         bf16=False,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        seed=args.seed,
-        disable_tqdm=args.smoke,
+        seed=SEED,
+        disable_tqdm=True,
     )
+    model_dir = prepare.model_dir()
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(model_dir), dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
-    bonus = functools.partial(critical_path_bonus, max_tokens=args.max_tokens)
+    bonus = functools.partial(critical_path_bonus, max_tokens=MAX_TOKENS)
     bonus.__name__ = critical_path_bonus.__name__
-    return PromiseTreeGRPOTrainer(model=model,
-                                  processing_class=tokenizer,
-                                  reward_funcs=[capitals_reward, bonus],
-                                  args=config,
-                                  train_dataset=dataset,
-                                  special_kwargs=SPECIAL_KWARGS)
+    trainer = PromiseTreeGRPOTrainer(model=model,
+                                     processing_class=tokenizer,
+                                     reward_funcs=[capitals_reward, bonus],
+                                     args=config,
+                                     train_dataset=training_dataset(
+                                         arm, steps),
+                                     special_kwargs=SPECIAL_KWARGS,
+                                     train_children=arm != "B")
+    # stdout is for the one JSON line: no per-step dicts there
+    # (`StepLog` marks each step on stderr).
+    trainer.remove_callback(transformers.PrinterCallback)
+    return trainer
 
 
 def smoke_summary(trainer: PromiseTreeGRPOTrainer,
@@ -288,194 +334,228 @@ def smoke_summary(trainer: PromiseTreeGRPOTrainer,
     }
 
 
-def evaluate(model: Path, seeds: list[int], tasks: int,
-             countries: list[str]) -> dict:
-    """The model card's evaluation (`research/eval_real_model.py`, V1
-    engine, greedy, fp32) of ``model`` in a process of its own (a second
-    engine in this one would compute wrong logits), summed up per form.
+def smoke() -> None:
+    """Two steps of arm A on one task; prints `smoke_summary` and exits 1
+    if the logprobs disagree or the weights did not move."""
+    torch.manual_seed(SEED)
+    with tempfile.TemporaryDirectory() as out:
+        trainer = make_trainer("A", 2, 2, Path(out))
+        before = {
+            name: param.detach().clone()
+            for name, param in trainer.model.named_parameters()
+        }
+        trainer.train()
+        summary = smoke_summary(trainer, before)
+    print(json.dumps(summary))
+    sys.exit(0 if summary["weights_changed"]
+             and summary["max_abs_logprob_diff"] <= LOGPROB_TOLERANCE else 1)
+
+
+def train(arm: str, steps: int, minutes: Optional[float],
+          checkpoint: Optional[Path]) -> dict:
+    """Trains one arm from the fine-tuned checkpoint.
 
     Args:
-        model: A checkpoint folder.
-        seeds: The held-out task draws.
-        tasks: Tasks per draw.
-        countries: The held-out countries to draw from.
+        arm: "A", "B" or "C".
+        steps: Training steps.
+        minutes: Stops after the step that passes this many minutes
+            (None: all ``steps``).
+        checkpoint: Where to save the trained model (None: not saved).
 
     Returns:
-        Per form: accuracy per country (conclusion, item sentences), share
-        of tasks all right, texts cut at the limit, mean critical path,
-        and (parallel) share with one child per country.
+        The part's record: ``steps``, ``minutes`` (training, engine start
+        excluded), ``settings`` (with memory and engine start) and
+        ``log`` (TRL's, `LOG_KEYS` of each step).
     """
-    out = subprocess.run([
-        sys.executable,
-        str(EVAL), "--engine", "v1", "--model",
-        str(model), "--tasks",
-        str(tasks), "--seeds", *map(str, seeds), "--countries", *countries
-    ],
-                         check=True,
-                         capture_output=True,
-                         text=True).stdout
-    # The report is the last thing printed (after vLLM's log lines, if
-    # they go to stdout): from its opening line on.
-    lines = out.splitlines()
-    start = len(lines) - 1 - lines[::-1].index("{")
-    report = json.loads("\n".join(lines[start:]))
-    keys = ("accuracy_per_country", "sentence_accuracy_per_country",
-            "tasks_all_correct", "tasks_cut_at_token_limit",
-            "mean_critical_path", "spawned_one_child_per_country")
+    torch.manual_seed(SEED)
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as out:
+        trainer = make_trainer(arm, steps, GENERATIONS, Path(out))
+        started = time.monotonic() - start
+        steps_log = StepLog()
+        trainer.add_callback(steps_log)
+        if minutes is not None:
+            trainer.add_callback(TimeLimit(minutes))
+        trainer.train()
+        seconds = time.monotonic() - start - started
+        if checkpoint is not None:
+            trainer.save_model(str(checkpoint))
+    log = [{
+        k: e[k]
+        for k in LOG_KEYS if k in e
+    } for e in trainer.state.log_history if "loss" in e]
+    part = {
+        "steps": trainer.state.global_step,
+        "minutes": round(seconds / 60, 1),
+        "settings": {
+            "arm": arm,
+            "description": experiment.ARMS[arm],
+            "prompts_per_step": PROMPTS,
+            "generations": GENERATIONS,
+            "max_tokens": MAX_TOKENS,
+            "learning_rate": LEARNING_RATE,
+            "lr_scheduler": LR_SCHEDULER,
+            "temperature": TEMPERATURE,
+            "beta": BETA,
+            "scale_rewards": SCALE_REWARDS,
+            "loss_type": trainer.args.loss_type,
+            "bonus_weight": experiment.BONUS_WEIGHT,
+            "seed": SEED,
+            "trl": trl.__version__,
+            "vllm": vllm.__version__,
+            "dtype": "float32 (trainer and engine)",
+            "engine_start_seconds": round(started),
+            "peak_rss_gib": round(peak_rss_gib(), 2),
+            "rss_gib_after_each_step": steps_log.rss_gib,
+            "cpu_seconds_each_step": steps_log.cpu_seconds,
+        },
+        "log": log,
+    }
+    del trainer
+    gc.collect()
+    return part
+
+
+def evaluate(checkpoint: Path) -> dict:
+    """`rl_eval.py` on ``checkpoint`` in a process of its own (a second
+    engine in this one would compute wrong logits).
+
+    Args:
+        checkpoint: A checkpoint folder.
+
+    Returns:
+        ``eval_seconds``, ``tasks`` and ``per_task``.
+    """
+    with tempfile.TemporaryDirectory() as out:
+        results = Path(out) / "results.json"
+        subprocess.run([
+            sys.executable,
+            str(EVAL), "--model",
+            str(checkpoint), "--out",
+            str(results)
+        ],
+                       check=True,
+                       stdout=sys.stderr)
+        evaluated = json.loads(results.read_text())
     return {
-        form: {
-            k: report[form][k]
-            for k in keys if k in report[form]
-        }
-        for form in ("parallel", "sequential")
+        "eval_seconds": evaluated["seconds"],
+        "tasks": evaluated["tasks"],
+        "per_task": evaluated["per_task"],
     }
 
 
-def plot_rewards(log: list[dict], path: Path) -> None:
-    """Plots the reward per step (mean over its trees) and its running
-    mean.
+def record(results_path: Path, plot: Path, name: str, part: dict) -> dict:
+    """Adds a part (``before`` or an arm) to the results, recomputes every
+    figure and criterion from the per-task results, writes them and
+    redraws the plot.
 
     Args:
-        log: TRL's log history.
-        path: The picture to write.
+        results_path: The summary file (created if missing).
+        plot: The picture of reward curves and accuracies.
+        name: "before", "A", "B" or "C".
+        part: Its `rl_experiment.RAW_KEYS` (``tasks`` too if evaluated,
+            which must be the file's).
+
+    Returns:
+        The summary written.
     """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    steps = [e["step"] for e in log if "rewards/capitals_reward/mean" in e]
-    rewards = [
-        e["rewards/capitals_reward/mean"] for e in log
-        if "rewards/capitals_reward/mean" in e
-    ]
-    window = 10
-    running = [
-        sum(rewards[max(0, i - window + 1):i + 1]) /
-        len(rewards[max(0, i - window + 1):i + 1]) for i in range(len(rewards))
-    ]
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot(steps, rewards, ".", alpha=0.5, label="per step")
-    ax.plot(steps, running, "-", label=f"running mean ({window} steps)")
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("capitals right (share)")
-    ax.set_ylim(0, 1.05)
-    ax.set_title("GRPO on promise trees: SmolLM2-135M promise model")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    tasks = part.pop("tasks", None) or experiment.evaluation_tasks()
+    results = (json.loads(results_path.read_text())
+               if results_path.exists() else {
+                   "tasks": tasks,
+                   "arms": {}
+               })
+    if results["tasks"] != tasks:
+        raise ValueError(f"{results_path} holds other evaluation tasks: "
+                         "parts must be evaluated on the same tasks")
+    commit, dirty = experiment.code_state(ROOT)
+    stored = (results.get("before")
+              if name == "before" else results["arms"].get(name)) or {}
+    stored.update(part, commit=commit, code_dirty=dirty)
+    if name == "before":
+        results["before"] = stored
+    else:
+        results["arms"][name] = stored
+    summary = experiment.summarize(results)
+    results_path.write_text(experiment.dumps(summary) + "\n")
+    experiment.plot(summary, plot)
+    return summary
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true")
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--minutes", type=float, default=75.0)
-    parser.add_argument("--prompts", type=int, default=1)
-    parser.add_argument("--generations", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--learning-rate", type=float, default=2e-5)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out",
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--smoke", action="store_true")
+    action.add_argument("--arm",
+                        choices=experiment.ARMS,
+                        help="train this arm, then evaluate it")
+    action.add_argument("--evaluate",
+                        choices=("before", *experiment.ARMS),
+                        help="(re)evaluate the starting model or an arm's "
+                        "checkpoint")
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--minutes",
+                        type=float,
+                        help="stop an arm after the step that passes this")
+    parser.add_argument("--time-steps",
+                        type=int,
+                        metavar="N",
+                        help="train N steps of --arm, print their times, "
+                        "record nothing")
+    parser.add_argument("--checkpoints",
                         type=Path,
-                        default=prepare.cache_dir() / "models" /
-                        "smollm2-promise-grpo")
-    parser.add_argument("--eval-seeds", type=int, nargs="+", default=[1000])
-    parser.add_argument("--eval-tasks", type=int, default=14)
-    parser.add_argument("--plot",
-                        type=Path,
-                        default=ROOT / "docs" / "images" / "rl_reward.png")
-    parser.add_argument("--report",
+                        default=prepare.cache_dir() / "models",
+                        help="arm X's checkpoint is smollm2-promise-grpo-X "
+                        "in this folder")
+    parser.add_argument("--results",
                         type=Path,
                         default=ROOT / "models" / "smollm2-promise" /
-                        "grpo_report.json")
-    parser.add_argument("--evaluate-only",
-                        action="store_true",
-                        help="(re)run the evaluation of --out for --report")
+                        "rl_arms.json")
+    parser.add_argument("--plot",
+                        type=Path,
+                        default=ROOT / "docs" / "images" / "rl_arms.png")
     args = parser.parse_args()
-    if args.evaluate_only:
-        add_evaluation(args, prepare.model_dir())
+    if args.smoke:
+        smoke()
+    if args.time_steps:
+        if not args.arm:
+            parser.error("--time-steps needs --arm")
+        part = train(args.arm, args.time_steps, None, None)
+        print(
+            json.dumps({
+                "arm":
+                args.arm,
+                "steps":
+                part["steps"],
+                "engine_start_seconds":
+                part["settings"]["engine_start_seconds"],
+                "step_seconds": [e["step_time"] for e in part["log"]],
+                "cpu_seconds":
+                part["settings"]["cpu_seconds_each_step"],
+                "children": [e["promise_tree/children"] for e in part["log"]],
+                "trained_tokens":
+                [e["promise_tree/trained_tokens"] for e in part["log"]],
+                "peak_rss_gib":
+                part["settings"]["peak_rss_gib"],
+            }))
         return
-    if args.smoke:
-        args.steps, args.prompts, args.generations = 2, 1, 2
-    torch.manual_seed(args.seed)
-    model_dir = prepare.model_dir()
-    dataset = training_tasks(args.steps * args.prompts, args.seed)
-    start = time.monotonic()
-    trainer = make_trainer(model_dir, args, dataset, args.out)
-    started = time.monotonic() - start
-    before = {
-        name: param.detach().clone()
-        for name, param in trainer.model.named_parameters()
-    }
-    if args.smoke:
-        # Its stdout is the one JSON line: no per-step dicts there.
-        trainer.remove_callback(transformers.PrinterCallback)
-    memory = MemoryLog()
-    trainer.add_callback(memory)
-    if not args.smoke:
-        trainer.add_callback(TimeLimit(args.minutes))
-    trainer.train()
-    if args.smoke:
-        summary = smoke_summary(trainer, before)
-        print(json.dumps(summary))
-        sys.exit(0 if summary["weights_changed"] and
-                 summary["max_abs_logprob_diff"] <= LOGPROB_TOLERANCE else 1)
-    seconds = time.monotonic() - start
-    trainer.save_model(str(args.out))
-    steps = trainer.state.global_step
-    report = {
-        "model": model_dir.name,
-        "trl": trl.__version__,
-        "vllm": vllm.__version__,
-        "settings": {
-            k: str(v) if isinstance(v, Path) else v
-            for k, v in vars(args).items()
-        },
-        "dtype": "float32 (trainer and engine)",
-        "steps": steps,
-        "wall_seconds": round(seconds),
-        "engine_start_seconds": round(started),
-        "seconds_per_step": round((seconds - started) / max(steps, 1), 1),
-        "peak_rss_gib": round(peak_rss_gib(), 2),
-        "rss_gib_after_each_step": memory.rss_gib,
-        "log": trainer.state.log_history,
-    }
-    del trainer
-    gc.collect()
-    # Written before the evaluation, which can be rerun on its own.
-    args.report.write_text(json.dumps(report, indent=1) + "\n")
-    plot_rewards(report["log"], args.plot)
-    add_evaluation(args, model_dir)
-
-
-def add_evaluation(args: argparse.Namespace, model_dir: Path) -> None:
-    """Evaluates the checkpoint before and after training on both halves
-    of the held-out countries, adds that to the run's report and prints
-    the report but its log.
-
-    Args:
-        args: The command line's settings (``report``, ``out``,
-            ``eval_seeds``, ``eval_tasks``).
-        model_dir: The checkpoint trained from.
-    """
-    report = json.loads(args.report.read_text())
-    trained, unseen = split_held_out()
-    report["evaluation"] = {
-        "seeds": args.eval_seeds,
-        "tasks_per_seed": args.eval_tasks,
-    }
-    for name, countries in (("trained_countries", trained),
-                            ("unseen_countries", unseen)):
-        report["evaluation"][name] = {
-            "countries":
-            countries,
-            "before":
-            evaluate(model_dir, args.eval_seeds, args.eval_tasks, countries),
-            "after":
-            evaluate(args.out, args.eval_seeds, args.eval_tasks, countries),
-        }
-    args.report.write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps({k: v for k, v in report.items() if k != "log"}))
+    name = args.arm or args.evaluate
+    checkpoint = (prepare.model_dir() if name == "before" else
+                  args.checkpoints / f"smollm2-promise-grpo-{name}")
+    if args.arm:
+        # Recorded before the evaluation, which can be rerun on its own.
+        record(args.results, args.plot, name,
+               train(args.arm, args.steps, args.minutes, checkpoint))
+    summary = record(args.results, args.plot, name, evaluate(checkpoint))
+    part = summary["before"] if name == "before" else summary["arms"][name]
+    print(
+        json.dumps({
+            name: {
+                k: v
+                for k, v in part.items() if k in experiment.CELLS
+            },
+            "criteria": summary["criteria"],
+        }))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ hooked V1 engine colocated in process, on the real promise model (fp32).
 One trainer for the module; the tests run in order, the last trains.
 """
 
+import logging
 import random
 
 import capitals_task as task
@@ -194,6 +195,63 @@ def test_each_child_row_gets_its_roots_advantage(trainer, monkeypatch):
     difference = (batch["old_per_token_logps"] -
                   batch["sampling_per_token_logps"]).abs()
     assert difference[loss_mask.bool()].max() <= LOGPROB_TOLERANCE
+
+
+def test_roots_only_leaves_the_children_rows_out(trainer, monkeypatch):
+    monkeypatch.setattr(trainer, "train_children", False)
+    trainer.model.train()
+    prompts = [task.messages_of(t) for t in tasks(2)]
+    rows, trees, roots = rows_of(trainer, prompts)
+    assert all(tree is not None and tree.children for tree in trees)
+    trained = [row for row, root in zip(rows, roots) if root >= 0]
+    assert roots[:len(trees)] == list(range(len(trees)))
+    assert len(trained) == len(trees)
+    for (_, completion_ids, mask, _), tree in zip(trained, trees):
+        assert completion_ids == list(tree.token_ids)
+        assert mask == [int(sampled) for sampled in tree.sampled_mask]
+    # The fillers (if any) train nothing; the children are still counted.
+    assert all(row[2] == [0] for row, root in zip(rows, roots) if root < 0)
+    logged = trainer._metrics["train"]["promise_tree/children"][-1]
+    assert logged == sum(
+        sum(1 for node, _ in child_contexts(tree, [], 0) if node.token_ids)
+        for tree in trees)
+
+
+def test_a_small_spread_scaled_to_unit_size_is_warned_about(
+        trainer, monkeypatch, caplog):
+
+    def tiny_spread(completions, **_) -> list[float]:
+        # Samples tied on the main reward, apart by a path term's size.
+        return [0.5 + 0.001 * i for i in range(len(completions))]
+
+    monkeypatch.setattr(trainer, "reward_funcs", [tiny_spread])
+    trainer.model.train()
+    logger = logging.getLogger("vllm_sequence_hooks.rl")
+    # A WARNING gets through where it is logged (not under "vllm", which
+    # TRL's colocated engine sets to ERROR).
+    assert logger.isEnabledFor(logging.WARNING)
+    monkeypatch.setattr(logger, "handlers", [caplog.handler])
+    monkeypatch.setattr(logger, "propagate", False)
+    prompts = [task.messages_of(tasks(1)[0])] * GENERATIONS
+    assert trainer.args.scale_rewards == "group"
+    rewards = trainer._calculate_rewards([{
+        "prompt": prompt
+    } for prompt in prompts], prompts, ["x"] * GENERATIONS,
+                                         [[1]] * GENERATIONS)
+    assert rewards[:, 0].tolist() == pytest.approx(
+        [0.5 + 0.001 * i for i in range(GENERATIONS)])
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "1 group(s) of rewards spread below" in warnings[0].getMessage()
+    assert "scale_rewards='none'" in warnings[0].getMessage()
+    # Rewards that differ by a capital raise no warning.
+    monkeypatch.setattr(trainer, "reward_funcs", [rank_reward])
+    caplog.clear()
+    trainer._calculate_rewards([{
+        "prompt": prompt
+    } for prompt in prompts], prompts, ["x"] * GENERATIONS,
+                               [[1]] * GENERATIONS)
+    assert not caplog.records
 
 
 def engine_prompt_logprobs(llm, ids) -> torch.Tensor:

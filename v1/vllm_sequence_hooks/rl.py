@@ -19,7 +19,17 @@ root in TRL's one-row-per-completion shape, its merged tokens masked
 - credit: the reward scores the root's final text; every node of a tree
   gets its root's advantage (GRPO's group baseline over the roots of one
   prompt), so a child that wrote the sentence the conclusion used shares
-  the conclusion's credit.
+  the conclusion's credit. ``train_children=False`` leaves the children's
+  rows out (roots only, their merged tokens still masked): the control
+  that tells what training the children adds.
+
+Advantages divided by a reward's standard deviation (TRL's default
+``scale_rewards="group"``) turn the differences of a small auxiliary
+reward (a bonus for a shorter critical path, say) into unit-size
+advantages whenever a group ties on the main reward: a reward function
+weighted far below the largest is refused with scaling on, and a group
+whose rewards spread less than `SMALL_REWARD_SPREAD` is logged as a
+warning at every step it is scaled.
 
 TRL's batch holds one row per prompt; the trainer adds one row per child
 after TRL built the roots' rows (`_generate`), so TRL's own code computes
@@ -29,6 +39,7 @@ masks, and only the advantage is copied from the root
 """
 
 import contextlib
+import logging
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -36,9 +47,7 @@ import torch
 import trl
 import trl.generation.vllm_generation as trl_vllm_generation
 from trl import GRPOTrainer
-from vllm_sequence_hooks.config import (hooked_engine_args,
-                                        parse_special_kwargs,
-                                        special_kwargs_of)
+from vllm_sequence_hooks.config import hooked_engine_args, special_kwargs_of
 from vllm_sequence_hooks.outputs import promise_tree
 
 from sequence_hooks import PromiseNode, SpecialKwargs
@@ -60,7 +69,9 @@ TRL_SEAMS = {
      "differs from the step",
      "2a27fdf8f5e6f3562508eec3efb9e9dade2e0bf810de5031cdfab429d0a048f2"),
     "trl.trainer.grpo_trainer:GRPOTrainer._calculate_rewards":
-    ("overridden: rewards score the roots' rows only",
+    ("overridden: rewards score the roots' rows only; its per-function "
+     "rewards (one row per completion) are checked for small spreads "
+     "that scaled advantages would magnify",
      "736ae29b083840b5da2638b55ad1258659c644589991fe6a494131354952efef"),
     "trl.trainer.grpo_trainer:GRPOTrainer._generate_and_score_completions":
     ("overridden: children's rows get their root's advantage; relies on it "
@@ -88,6 +99,20 @@ TRL_SEAMS = {
 # ("grpo", "sapo", "bnpo", "dr_grpo", "luspo") would count every child row
 # as much as a whole root row and the fillers as rows.
 TOKEN_NORMALIZED_LOSSES = ("dapo", "cispo", "vespo")
+
+# With advantages divided by a standard deviation, a reward function
+# weighted at most this share of the largest weight is refused: its small
+# differences would be scaled to unit size when the others tie.
+AUXILIARY_WEIGHT_RATIO = 0.25
+# A group whose summed rewards spread less than this (standard deviation,
+# but not 0) is warned about when its advantages are scaled: the spread is
+# an auxiliary reward's or noise, not the main reward's (a capital of 8
+# differing in one of 4 samples spreads 0.0625).
+SMALL_REWARD_SPREAD = 0.02
+
+# Not under "vllm": TRL's colocated engine sets that logger to ERROR, which
+# would silence the warning below.
+logger = logging.getLogger(__name__)
 
 # Extra fields of `tree_rollout`'s output, per root row: its tree's other
 # nodes as `SequenceRecord`s (parents first), which the trainer turns into
@@ -246,7 +271,7 @@ def hooked_trl_engine(special_kwargs: Any,
         Nothing: TRL's trainer is built inside the block.
     """
     hooks = hooked_engine_args(special_kwargs)
-    limits = parse_special_kwargs(special_kwargs)
+    limits = SpecialKwargs.parse(special_kwargs)
     tree_size = max_tree_size or 1 + limits.max_children_per_request
 
     stock = trl_vllm_generation.LLM
@@ -281,6 +306,32 @@ def _refresh_tied_output_layer(worker: Any) -> None:
     if head is not None and getattr(model.config, "tie_word_embeddings",
                                     False):
         head.quant_method.process_weights_after_loading(head)
+
+
+def _scales_advantages(config: trl.GRPOConfig) -> bool:
+    """Whether TRL divides the advantages (or a reward) by a standard
+    deviation under ``config``."""
+    return (config.scale_rewards != "none"
+            or config.multi_objective_aggregation == "normalize_then_sum")
+
+
+def small_spread_groups(rewards: torch.Tensor,
+                        num_generations: int,
+                        threshold: float = SMALL_REWARD_SPREAD) -> int:
+    """Counts the groups whose rewards differ, but by little.
+
+    Args:
+        rewards: One summed reward per completion, a prompt's
+            ``num_generations`` completions next to each other.
+        num_generations: Completions per prompt.
+        threshold: The standard deviation below which a spread is small.
+
+    Returns:
+        Groups whose standard deviation (TRL's, unbiased) is above 0 and
+        below ``threshold``.
+    """
+    spread = rewards.view(-1, num_generations).std(dim=1)
+    return int(((spread > 0) & (spread < threshold)).sum())
 
 
 def _check_config(model: Any, config: Optional[trl.GRPOConfig]) -> None:
@@ -318,6 +369,19 @@ def _check_config(model: Any, config: Optional[trl.GRPOConfig]) -> None:
             f"trained tokens ({', '.join(TOKEN_NORMALIZED_LOSSES)}), not "
             f"{config.loss_type!r}: a per-row mean would weigh each child's "
             "row as much as a whole root's")
+    # A penalty weighs by its size; a weight of 0 turns its function off.
+    sizes = [abs(w) for w in config.reward_weights or [] if w]
+    if (_scales_advantages(config) and len(sizes) > 1
+            and min(sizes) <= AUXILIARY_WEIGHT_RATIO * max(sizes)):
+        raise ValueError(
+            f"PromiseTreeGRPOTrainer refuses reward_weights "
+            f"{config.reward_weights} with "
+            f"scale_rewards={config.scale_rewards!r} (multi_objective_"
+            f"aggregation={config.multi_objective_aggregation!r}): "
+            "advantages divided by a standard deviation turn the small "
+            "weighted reward's differences into unit-size advantages "
+            "whenever a group ties on the others; pass "
+            "scale_rewards='none' with 'sum_then_normalize'")
 
 
 class PromiseTreeGRPOTrainer(GRPOTrainer):
@@ -329,15 +393,23 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
 
     Args:
         special_kwargs: The hooks' configuration.
+        train_children: Whether children's rows are trained; False
+            trains the roots' rows only (the trees are sampled the same).
         *args: `GRPOTrainer`'s; its ``model`` loaded (not a name), its
             ``args`` with ``use_vllm=True``, ``vllm_mode="colocate"``, a
-            loss in `TOKEN_NORMALIZED_LOSSES`, no sleep mode and no
-            tensor parallelism (`_check_config`).
+            loss in `TOKEN_NORMALIZED_LOSSES`, no sleep mode, no tensor
+            parallelism, and no reward weighted at most
+            `AUXILIARY_WEIGHT_RATIO` of the largest under advantages
+            scaled by a standard deviation (`_check_config`).
         **kwargs: `GRPOTrainer`'s; ``rollout_func`` defaults to
             `tree_rollout`.
     """
 
-    def __init__(self, *args: Any, special_kwargs: Any, **kwargs: Any) -> None:
+    def __init__(self,
+                 *args: Any,
+                 special_kwargs: Any,
+                 train_children: bool = True,
+                 **kwargs: Any) -> None:
         if trl.__version__ not in SUPPORTED_TRL_VERSIONS:
             raise RuntimeError(
                 f"vllm_sequence_hooks.rl supports TRL "
@@ -347,6 +419,7 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
         model = kwargs.get("model", args[0] if args else None)
         _check_config(model, kwargs.get("args"))
         kwargs.setdefault("rollout_func", tree_rollout)
+        self.train_children = train_children
         # Per generation batch: for each row, the root row it belongs to.
         self._row_roots: Optional[torch.Tensor] = None
         # The engine samples from the model being trained, in its dtype.
@@ -390,10 +463,12 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
         roots = list(range(len(prompt_ids)))
         if tool_mask is None:
             tool_mask = [[1] * len(ids) for ids in completion_ids]
+        # A child aborted (its parent ended without syncing it) has no
+        # tokens recorded: nothing of it to train.
+        children = [[r for r in records if r.token_ids]
+                    for records in children]
         for root, records in enumerate(children):
-            # A child aborted (its parent ended without syncing it) has no
-            # tokens recorded: nothing of it to train.
-            for record in [r for r in records if r.token_ids]:
+            for record in records if self.train_children else ():
                 ids, record_logprobs, mask = _row(record)
                 prompt_ids.append(list(record.context_token_ids))
                 completion_ids.append(ids)
@@ -416,11 +491,12 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
     def _log_trees(self, children: list[list[SequenceRecord]],
                    masks: list[list[int]], roots: list[int]) -> None:
         """Logs a generation batch's trees with TRL's metrics: trees,
-        children, trained tokens and merged tokens masked out."""
+        children (trained or not), trained tokens and merged tokens
+        masked out in the rows trained."""
         metrics = self._metrics["train" if self.model.training else "eval"]
         real = [mask for mask, root in zip(masks, roots) if root >= 0]
         metrics["promise_tree/trees"].append(len(children))
-        metrics["promise_tree/children"].append(len(real) - len(children))
+        metrics["promise_tree/children"].append(sum(map(len, children)))
         metrics["promise_tree/trained_tokens"].append(sum(map(sum, real)))
         metrics["promise_tree/merged_tokens"].append(
             sum(len(mask) - sum(mask) for mask in real))
@@ -428,8 +504,23 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions,
                            completion_ids_list):
         # Rewards score the roots (the rows TRL made, one per prompt).
-        return super()._calculate_rewards(inputs, prompts, completions,
-                                          completion_ids_list[:len(prompts)])
+        rewards = super()._calculate_rewards(
+            inputs, prompts, completions, completion_ids_list[:len(prompts)])
+        generations = (self.num_generations
+                       if self.model.training else self.num_generations_eval)
+        if _scales_advantages(self.args) and generations > 1:
+            summed = (rewards *
+                      self.reward_weights.to(rewards.device)).nansum(dim=1)
+            small = small_spread_groups(summed, generations)
+            if small:
+                logger.warning(
+                    "step %d: %d group(s) of rewards spread below %s and "
+                    "their advantages are divided by that spread (scale_"
+                    "rewards=%r): unit-size advantages from a small "
+                    "auxiliary reward or noise; use scale_rewards='none'",
+                    self.state.global_step, small, SMALL_REWARD_SPREAD,
+                    self.args.scale_rewards)
+        return rewards
 
     def _generate_and_score_completions(self, inputs):
         output = super()._generate_and_score_completions(inputs)

@@ -1,0 +1,143 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The three-arm experiment's evaluation (docs/rl.md): one checkpoint,
+greedy, every task of `rl_experiment.evaluation_tasks` in one `generate`
+call through the hooked V1 engine (fp32, the plugin on vLLM 0.31), so
+that many trees are in flight at once. Writes one result row per task.
+
+A row: ``right`` and ``sentences`` (per country, 1 if the conclusion,
+resp. the item sentence, gives its capital exactly), ``children`` (the
+root's), ``cut`` (ended by the token limit), ``critical_path`` (decoding
+steps, `PromiseNode.critical_path`; a text with no tree: its tokens) and
+``tokens`` (sampled tokens over every node).
+
+Run in its own process (`rl_capitals.py` does): a second engine in the
+trainer's process would compute wrong logits.
+
+Usage (in `.venv-rl`):
+    python models/rl_eval.py --model CHECKPOINT --out RESULTS.json
+"""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+# Before vLLM is imported: no hub access; the evaluation's own KV cache
+# (GiB), whatever its caller's (the trainer's is 1).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ["VLLM_CPU_KVCACHE_SPACE"] = "2"
+os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+
+import capitals_task as task  # noqa: E402
+import rl_experiment as experiment  # noqa: E402
+from vllm_sequence_hooks import hooked_engine_args, promise_tree  # noqa: E402
+
+from vllm import LLM, SamplingParams  # noqa: E402
+
+# Prompt (about 60 tokens) and the longest completion.
+MAX_MODEL_LEN = 512
+# Sequences (roots and children) running at once: about 25 trees.
+MAX_NUM_SEQS = 128
+# Small blocks: at the CPU's default of 128 tokens a tree's short
+# children each hold a mostly empty block.
+BLOCK_SIZE = 32
+
+
+def sampled_tokens(node) -> int:
+    """Tokens the engine sampled in a tree: every node's own, not the
+    ones its merges appended."""
+    return len(node.token_ids) - node.num_merged_tokens + sum(
+        sampled_tokens(child) for child in node.children)
+
+
+def result_row(countries: list[str], output) -> dict:
+    """One task's result from the engine's output.
+
+    Args:
+        countries: The task's countries.
+        output: Its `RequestOutput`.
+
+    Returns:
+        The row described in the module's docstring.
+    """
+    completion = output.outputs[0]
+    checked = task.Task(tuple(countries), True)
+    tree = promise_tree(output)
+    tokens = len(completion.token_ids)
+    return {
+        "right":
+        [int(ok) for ok in task.answers_correct(checked, completion.text)],
+        "sentences":
+        [int(ok) for ok in task.sentences_correct(checked, completion.text)],
+        "children":
+        len(tree.children) if tree else 0,
+        "cut":
+        completion.finish_reason == "length",
+        "critical_path":
+        tree.critical_path if tree else tokens,
+        "tokens":
+        sampled_tokens(tree) if tree else tokens,
+    }
+
+
+def evaluate(model: Path, num_tasks: int) -> dict:
+    """Runs every evaluation task of ``model`` in one `generate` call.
+
+    Args:
+        model: A checkpoint folder (fp32).
+        num_tasks: Tasks per half and form.
+
+    Returns:
+        ``seconds`` (generation only), ``tasks`` (`evaluation_tasks`'
+        rows) and ``per_task`` (a row each, in order).
+    """
+    llm = LLM(model=str(model),
+              dtype="float32",
+              max_model_len=MAX_MODEL_LEN,
+              max_num_seqs=MAX_NUM_SEQS,
+              block_size=BLOCK_SIZE,
+              enforce_eager=True,
+              seed=0,
+              **hooked_engine_args(
+                  dict(sync_token=task.SYNC,
+                       promise_token=task.PROMISE,
+                       child_role_token=task.CHILD)))
+    tokenizer = llm.get_tokenizer()
+    tasks = experiment.evaluation_tasks(num_tasks)
+    prompts = [{
+        "prompt_token_ids":
+        tokenizer.apply_chat_template(task.messages_of(
+            task.Task(tuple(t["countries"]), t["form"] == "parallel")),
+                                      add_generation_prompt=True,
+                                      return_dict=False)
+    } for t in tasks]
+    greedy = SamplingParams(temperature=0.0,
+                            max_tokens=experiment.EVAL_MAX_TOKENS)
+    start = time.monotonic()
+    outputs = llm.generate(prompts, greedy, use_tqdm=False)
+    seconds = time.monotonic() - start
+    return {
+        "seconds":
+        round(seconds, 1),
+        "tasks":
+        tasks,
+        "per_task": [
+            result_row(t["countries"], output)
+            for t, output in zip(tasks, outputs)
+        ],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tasks", type=int, default=experiment.EVAL_TASKS)
+    args = parser.parse_args()
+    args.out.write_text(json.dumps(evaluate(args.model, args.tasks)) + "\n")
+
+
+if __name__ == "__main__":
+    main()
