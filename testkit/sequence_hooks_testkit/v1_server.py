@@ -12,6 +12,7 @@ tests that need streams still running; the hooks' metrics reach
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -113,7 +114,9 @@ def start_hooked_v1_server(
         work_dir: Path,
         extra_args: tuple[str, ...] = (),
         step_delay_s: float = 0.0,
-        five_flags: bool = False) -> tuple[subprocess.Popen, str]:
+        five_flags: bool = False,
+        start_timeout_s: float = START_TIMEOUT_S
+) -> tuple[subprocess.Popen, str]:
     """Starts a hooked server in its own process group and waits until it
     is healthy.
 
@@ -124,9 +127,11 @@ def start_hooked_v1_server(
         step_delay_s: Seconds added to each engine step (`StepDelayV1`).
         five_flags: Turn the hooks on with the five flags instead of
             `--special-kwargs` (`serve_command`).
+        start_timeout_s: How long it may take to become healthy.
 
     Returns:
-        The server's process and its base URL.
+        The server's process (the leader of its process group) and its
+        base URL.
     """
     port = free_port()
     metrics_dir = work_dir / "prometheus"
@@ -147,9 +152,10 @@ def start_hooked_v1_server(
                                    start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(process, url, log_path, START_TIMEOUT_S)
+        wait_healthy(process, url, log_path, start_timeout_s)
     except BaseException:
-        process.kill()
+        # The whole group: its engine cores and workers too.
+        os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         raise
     return process, url

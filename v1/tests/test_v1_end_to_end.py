@@ -8,8 +8,6 @@ every test the engine core must be clean: every KV block back in the pool,
 no request, no tree left.
 """
 
-from vllm_sequence_hooks.seams import check_vllm_version
-
 from sequence_hooks import training_records
 from sequence_hooks.lifecycle import derive_seed
 from sequence_hooks_testkit import conformance
@@ -110,11 +108,9 @@ def test_parked_parents_do_not_block_their_children(hooked_llm, hook_ids):
     engine = hooked_llm.llm_engine
     scheduler = scheduler_of(hooked_llm)
     plans = {(): [hook_ids.promise, hook_ids.sync, NONE], (0, ): [NONE] * 4}
-    # The scheduler's admission limit: vLLM 0.31 split it
-    # (`max_num_active_reqs`) from the model runner's rows
-    # (`max_num_running_reqs`), which 0.30 admits up to.
-    name = ("max_num_running_reqs"
-            if check_vllm_version() == "0.30.0" else "max_num_active_reqs")
+    # The scheduler's admission limit (the model runner's rows,
+    # `max_num_running_reqs`, are another).
+    name = "max_num_active_reqs"
     limit = getattr(scheduler, name)
     setattr(scheduler, name, 2)
     try:
@@ -135,8 +131,8 @@ def test_parked_parents_do_not_block_their_children(hooked_llm, hook_ids):
 def test_a_resumed_parent_keeps_its_budget(hooked_llm, hook_ids):
     """`max_tokens` counts the whole output, merged tokens included, across
     a resume (the parent's output so far is prompt inside the engine core
-    after it); vLLM 0.30's `_update_request_as_session` would keep the
-    first chunk's budget (`releases.Release030`)."""
+    after it); upstream's `_update_request_as_session` sets the chunk's
+    budget (vLLM 0.30's kept the first chunk's)."""
     plans = {
         (): [hook_ids.promise, hook_ids.sync] + [NONE] * 40,
         (0, ): [NONE] * 3
@@ -333,7 +329,7 @@ def test_a_stop_string_inside_a_merge_ends_the_tokens_there(
     """A stop string completed by the first merged token (it spans the
     parent's text and the child's, so the child never sees it): the
     merged tokens after it are dropped from the output and the tree, as
-    vLLM 0.32's frontend drops them and 0.30's and 0.31's would not."""
+    vLLM 0.32's frontend drops them and 0.31's would not."""
     plans = programs(hook_ids)["one promise"]
     full = generate_one(hooked_llm, plans, hook_ids)
     [(start, count)] = V1.promise_tree(full).merged_spans

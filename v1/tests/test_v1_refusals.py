@@ -20,8 +20,8 @@ from sequence_hooks_testkit.conformance import hook_metric
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
 from sequence_hooks_testkit.v1_engines import assert_engine_clean
 from vllm import SamplingParams
-from vllm.config import (ModelConfig, ParallelConfig, SchedulerConfig,
-                         SpeculativeConfig, VllmConfig)
+from vllm.config import (ModelConfig, SchedulerConfig, SpeculativeConfig,
+                         VllmConfig)
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import BeamSearchParams, StructuredOutputsParams
 
@@ -60,22 +60,6 @@ def test_speculative_decoding_is_refused(tiny_model_path, hook_ids):
                        False,
                        hooks(hook_ids),
                        speculative_config=MagicMock(spec=SpeculativeConfig))
-
-
-@pytest.mark.parametrize("parallel, reason", [
-    (ParallelConfig(pipeline_parallel_size=2), "pipeline parallelism"),
-    (ParallelConfig(data_parallel_size=2), "data parallelism: the samples "
-     "of an n > 1 request would run on different engines"),
-],
-                         ids=["pipeline", "data"])
-def test_pipeline_and_data_parallelism_are_refused(tiny_model_path, hook_ids,
-                                                   parallel, reason):
-    with pytest.raises(ValueError, match=reason):
-        make_scheduler(SequenceHookScheduler,
-                       tiny_model_path,
-                       False,
-                       hooks(hook_ids),
-                       parallel_config=parallel)
 
 
 def test_hooks_without_their_configuration_are_refused(tiny_model_path):

@@ -25,14 +25,18 @@ from pathlib import Path
 import pytest
 import vllm_sequence_hooks
 from vllm_sequence_hooks import releases, seams, tripwires
-from vllm_sequence_hooks.releases import RELEASES, VENDORED, Release030
+from vllm_sequence_hooks.releases import (RELEASES, VENDORED, Release,
+                                          Release033)
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 from vllm_sequence_hooks.seams import (SEAMS, SUPPORTED_VLLM_VERSIONS,
-                                       UnsupportedVllmVersion,
+                                       UnsupportedVllmVersion, Vendored,
                                        check_vllm_version)
 
 import vllm
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 PLUGIN = Path(vllm_sequence_hooks.__file__).parent
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "seams.md"
@@ -216,20 +220,23 @@ def test_an_upstream_change_trips_the_wire(monkeypatch, member, owner, name,
     assert member.split(":")[1].split(".")[0] in report, report
 
 
-def test_a_member_the_record_lacks_trips_the_wire_when_it_appears(monkeypatch):
-    """A member the installed release's record says it lacks (the plugin
-    does without it there, `releases`) must not appear unrecorded."""
-    record = tripwires.record(installed_version())
-    absent = [seam for seam in SEAMS if record[seam.member].absent]
-    assert absent, (f"vLLM {installed_version()}'s record lacks nothing: "
-                    "every supported release lacks a member another has")
-    assert not tripwires.check(absent[0], installed_version())
-    module, owner, names = tripwires.split_member(absent[0].member)
+def test_a_member_a_record_lacks_trips_the_wire_when_it_appears(monkeypatch):
+    """A member a release's record says it lacks (the plugin does without
+    it there, `releases`) must not appear unrecorded."""
+    lacking = [(version, seam) for version in SUPPORTED_VLLM_VERSIONS
+               for seam in SEAMS
+               if tripwires.record(version)[seam.member].absent]
+    assert lacking, ("no supported release lacks a member another has: the "
+                     "`absent` tripwire is untested")
+    version, seam = lacking[0]
+    if version == installed_version():
+        assert not tripwires.check(seam, version)
+    module, owner, names = tripwires.split_member(seam.member)
     monkeypatch.setattr(tripwires.resolve(f"{module}:{owner}"),
                         names[0],
                         None,
                         raising=False)
-    report = "\n".join(tripwires.check(absent[0], installed_version()))
+    report = "\n".join(tripwires.check(seam, version))
     assert "record it" in report and names[0] in report, report
 
 
@@ -239,36 +246,101 @@ def test_a_member_the_record_lacks_trips_the_wire_when_it_appears(monkeypatch):
 def test_each_supported_release_has_its_implementation():
     assert sorted(RELEASES) == sorted(SUPPORTED_VLLM_VERSIONS)
     assert releases.for_installed() is RELEASES[installed_version()]
-    # 0.30.0 only lacks what the rows naming `releases.Release030` say.
-    record = tripwires.record("0.30.0")
-    lacks = {seam.member for seam in SEAMS if record[seam.member].absent}
-    assert lacks == {
-        f"{_SCHED}._holds_kv_blocks", f"{_SCHED}.kv_holding_waiting"
-    }
-    for member in lacks:
-        assert "releases.Release" in _seam(member).why, member
+    assert type(RELEASES["0.33.0"]) is Release033
+    # 0.31.0 and 0.32.0 lack only what 0.33.0 added; 0.33.0 lacks nothing.
+    for version in SUPPORTED_VLLM_VERSIONS:
+        record = tripwires.record(version)
+        lacks = {seam.member for seam in SEAMS if record[seam.member].absent}
+        assert lacks == (set() if version == "0.33.0" else
+                         {f"{_SCHED}.has_request"}), version
+        for member in lacks:
+            assert "0.31 and 0.32 lack it" in _seam(member).why, member
 
 
-@pytest.mark.parametrize("vendored", VENDORED, ids=lambda v: v.copy)
-def test_each_copied_method_is_its_recorded_diff_of_upstream(vendored):
+def _resume(release: Release, scheduler: Scheduler) -> list[int]:
+    """A parked session with an output token computed and two not (the
+    last one its `<sync>`), resumed as the plugin resumes: the update is
+    its tokens from its computed count on, then two merged tokens."""
+    params = SamplingParams(max_tokens=32)
+    session = Request(request_id="parked",
+                      prompt_token_ids=[10, 11, 12],
+                      sampling_params=params,
+                      pooling_params=None)
+    session.append_output_token_ids([20, 21, 22])
+    session.num_computed_tokens = 4
+    session.status = RequestStatus.WAITING_FOR_STREAMING_REQ
+    scheduler.num_waiting_for_streaming_input += 1
+    tokens = list(session.all_token_ids[4:]) + [30, 31]
+    release.update_request_as_session(
+        scheduler, session,
+        StreamingUpdate(mm_features=None,
+                        prompt_token_ids=tokens,
+                        max_tokens=28,
+                        arrival_time=0.0,
+                        sampling_params=params))
+    assert session.status == RequestStatus.WAITING
+    return list(session.all_token_ids)
+
+
+def test_a_resumed_session_is_its_computed_tokens_then_the_update(
+        tiny_model_path):
+    """Whatever upstream keeps of a parked session's tokens (0.31 and 0.32
+    the computed ones, 0.33 all but the last), the installed release's
+    resume gives the session's tokens up to its computed count, then the
+    update's; on 0.33 upstream's own member alone would repeat the token
+    it keeps (what `Release033` is for)."""
+    scheduler = make_scheduler(Scheduler, tiny_model_path, False)
+    expected = [10, 11, 12, 20, 21, 22, 30, 31]
+    assert _resume(releases.for_installed(), scheduler) == expected
+    if installed_version() == "0.33.0":
+        assert _resume(Release(), scheduler) == expected[:5] + expected[4:]
+
+
+class _Copy:
+    """A copy of upstream's `Scheduler._holds_kv_blocks`, as the plugin
+    would carry one for a release that lacked it (`releases.VENDORED`: none
+    today, 0.30.0's left with 0.30.0)."""
+
+    @staticmethod
+    def _holds_kv_blocks(request: Request) -> bool:
+        return (request.num_computed_tokens > 0
+                or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS)
+
+
+# sha256 of the code of `Scheduler._holds_kv_blocks` (`tripwires.code`:
+# comments and layout left out), the same on vLLM 0.31.0 to 0.33.0.
+_HOLDS_KV_BLOCKS_CODE = (
+    "1427c9a9f454a17fdecf1f2b40c219542d5a3eac0d6a5943f9fc69b68cb5c758")
+
+
+def _copy_of_holds_kv_blocks() -> Vendored:
+    version = installed_version()
+    upstream = f"{_SCHED}._holds_kv_blocks"
+    return Vendored(f"{__name__}:_Copy._holds_kv_blocks", upstream, version,
+                    tripwires.record(version)[upstream].source_sha256,
+                    _HOLDS_KV_BLOCKS_CODE)
+
+
+def test_each_copied_method_is_its_recorded_diff_of_upstream():
     """The copy's code with its recorded diff undone is the upstream
     method whose source the release's record hashes; where the installed
-    vLLM has that method, it is still that source."""
-    problems = tripwires.check_vendored(vendored, installed_version())
-    assert not problems, "\n".join(problems)
-    assert tripwires.hashed(_seam(vendored.upstream))
+    vLLM has that method, it is still that source (each of
+    `releases.VENDORED`, and a copy made here that checks the check)."""
+    for vendored in VENDORED + (_copy_of_holds_kv_blocks(), ):
+        problems = tripwires.check_vendored(vendored, installed_version())
+        assert not problems, "\n".join(problems)
+        assert tripwires.hashed(_seam(vendored.upstream))
 
 
 def test_a_changed_copy_trips_the_wire_unless_its_diff_is_recorded(
         monkeypatch):
-    vendored = next(v for v in VENDORED
-                    if v.copy.endswith("Release030._holds_kv_blocks"))
-    upstream = tripwires.code(Release030._holds_kv_blocks)
-    monkeypatch.setattr(Release030, "_holds_kv_blocks",
+    vendored = _copy_of_holds_kv_blocks()
+    upstream = tripwires.code(_Copy._holds_kv_blocks)
+    monkeypatch.setattr(_Copy, "_holds_kv_blocks",
                         staticmethod(_holds_kv_blocks_changed))
     report = "\n".join(tripwires.check_vendored(vendored, installed_version()))
-    assert "with its recorded diff undone is not vLLM 0.31.0's" in report, (
-        report)
+    assert (f"with its recorded diff undone is not vLLM "
+            f"{installed_version()}'s") in report, report
     # With the change recorded as its diff, the copy is upstream's again.
     diff = tuple(
         difflib.ndiff(
@@ -422,8 +494,9 @@ def test_docs_show_the_table():
 
 
 @pytest.mark.parametrize("version", [
-    version for version in ("0.31.0", "0.30.0", "0.29.0", "0.33.0", "0.32.1",
-                            "0.32.0rc1", "0.32.0.post1", "0.32.0.dev5+gabc123")
+    version
+    for version in ("0.31.0", "0.30.0", "0.29.0", "0.33.0", "0.34.0", "0.32.1",
+                    "0.33.0rc1", "0.33.0.post1", "0.33.0.dev5+gabc123")
     if version not in SUPPORTED_VLLM_VERSIONS
 ])
 def test_refuses_a_vllm_it_was_not_tested_on(monkeypatch, version):

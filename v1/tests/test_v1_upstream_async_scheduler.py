@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Upstream vLLM 0.32's own async-scheduler tests against the plugin.
+"""Upstream vLLM's own async-scheduler tests against the plugin.
 
-`tests/v1/core/test_async_scheduler.py` of the pinned vLLM 0.32.0 sdist
-(fetched from the package index, sha256 checked: no sdist, no pass) runs
+`tests/v1/core/test_async_scheduler.py` of the installed release's pinned
+sdist (0.32.0 or 0.33.0, whose test lists are the same; fetched from the
+package index, sha256 checked: no sdist, no pass) runs
 as it is, in a pytest of its own, once per variant of the scheduler its
 `create_scheduler` builds (`sequence_hooks_testkit.upstream_async_tests`):
 stock `AsyncScheduler` as upstream configures it; the same with the

@@ -20,31 +20,30 @@ engine core only): there it runs hook-free, as described in docs/v1.md.
 """
 
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
+from vllm_sequence_hooks.request_body import (App, Receive, Scope, Send,
+                                              body_field,
+                                              is_generation_request, read_body,
+                                              replaying)
 
 BEAM_SEARCH = (
     "use_beam_search cannot be used with sequence hooks (this server runs "
     "with special_kwargs): beam search runs every step as its own one-token "
     "request, so a <promise> can never spawn a child nor a <sync> merge "
     "one. Use sampling instead (n, seed).")
-# The OpenAI routes whose requests take `use_beam_search`.
-ROUTES = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 def asks_for_beam_search(body: bytes) -> bool:
     """Whether a request body turns beam search on (anything the frontend
-    would not parse is left to it)."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return False
-    return isinstance(data, dict) and bool(data.get("use_beam_search"))
+    would not parse is left to it).
+
+    Args:
+        body: The HTTP request's body.
+
+    Returns:
+        True if its `use_beam_search` is set.
+    """
+    return bool(body_field(body, "use_beam_search"))
 
 
 class RefuseBeamSearch:
@@ -56,38 +55,22 @@ class RefuseBeamSearch:
         app: The application it wraps (vLLM's FastAPI app).
     """
 
-    def __init__(
-            self, app: Callable[[Scope, Receive, Send],
-                                Awaitable[None]]) -> None:
+    def __init__(self, app: App) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive,
                        send: Send) -> None:
-        if (scope["type"] != "http" or scope.get("method") != "POST"
-                or scope.get("path") not in ROUTES):
+        if not is_generation_request(scope):
             await self.app(scope, receive, send)
             return
-        chunks, message = [], {"more_body": True}
-        while message.get("more_body", False):
-            message = await receive()
-            if message["type"] != "http.request":
-                # The client left: nothing to answer.
-                return
-            chunks.append(message.get("body", b""))
-        body = b"".join(chunks)
+        body = await read_body(receive)
+        if body is None:
+            # The client left: nothing to answer.
+            return
         if asks_for_beam_search(body):
             await self._refuse(send)
             return
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(body, receive), send)
 
     @staticmethod
     async def _refuse(send: Send) -> None:

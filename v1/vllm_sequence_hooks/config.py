@@ -30,7 +30,8 @@ SKIP_TOKENIZER_INIT = (
 # What `--middleware` names on a hooked server: streams end on shutdown
 # (`shutdown`), beam search is refused (`beam_search`).
 MIDDLEWARE = ("vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown",
-              "vllm_sequence_hooks.beam_search.RefuseBeamSearch")
+              "vllm_sequence_hooks.beam_search.RefuseBeamSearch",
+              "vllm_sequence_hooks.data_parallel.SamplesOnOneEngine")
 
 
 def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
@@ -49,15 +50,6 @@ def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
     if raw is None:
         raise ValueError(f"SequenceHookScheduler needs additional_config="
                          f"{{'{CONFIG_KEY}': {{...}}}}")
-    return parse_special_kwargs(raw)
-
-
-def parse_special_kwargs(raw: Any) -> SpecialKwargs:
-    """`SpecialKwargs.parse`, the one parser of both engines.
-
-    Raises:
-        ValueError: if it is invalid.
-    """
     return SpecialKwargs.parse(raw)
 
 
@@ -136,7 +128,7 @@ def hooked_settings(special_kwargs: Any,
             `additional_config`.
     """
     check_vllm_version()
-    parsed = parse_special_kwargs(special_kwargs)
+    parsed = SpecialKwargs.parse(special_kwargs)
     fields = fields_of(parsed)
     scheduler_cls = settings.get("scheduler_cls")
     if scheduler_cls is not None and not _is_scheduler(scheduler_cls):
@@ -147,7 +139,7 @@ def hooked_settings(special_kwargs: Any,
             "with the hooks)")
     additional_config = dict(settings.get("additional_config") or {})
     given = additional_config.get(CONFIG_KEY)
-    if given is not None and parse_special_kwargs(given) != parsed:
+    if given is not None and SpecialKwargs.parse(given) != parsed:
         raise ValueError(
             f"special_kwargs={fields!r} and additional_config"
             f"[{CONFIG_KEY!r}]={given!r} conflict: give the hooks once")

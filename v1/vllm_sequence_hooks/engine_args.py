@@ -37,9 +37,9 @@ from typing import Any, Callable
 
 from vllm_sequence_hooks.config import (CONFIG_KEY, SKIP_TOKENIZER_INIT,
                                         check_special_kwargs, fields_of,
-                                        hooked_settings, parse_special_kwargs,
-                                        special_kwargs_of)
+                                        hooked_settings, special_kwargs_of)
 
+from sequence_hooks import SpecialKwargs
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 
@@ -66,7 +66,7 @@ class SpecialKwargsAction(argparse.Action):
                  values: Any,
                  option_string: Any = None) -> None:
         try:
-            parsed = parse_special_kwargs(values)
+            parsed = SpecialKwargs.parse(values)
         except ValueError as e:
             raise argparse.ArgumentError(self, _one_line(e)) from e
         setattr(namespace, self.dest, fields_of(parsed))

@@ -192,10 +192,21 @@ class ParkingScheduler(Scheduler):
         return (self.release.holds_kv_blocks(request)
                 and request.request_id not in self.evicted)
 
-    def _get_local_prefix_cache_hit(self, request: Request):
-        """A new child's hit is its parent's computed context."""
+    def _get_local_prefix_cache_hit(self, request: Request, *args):
+        """A new child's hit is its parent's computed context.
+
+        Args:
+            request: The request upstream looks up.
+            *args: What else upstream passes: vLLM 0.33 adds
+                `max_cache_hit_length` (a cap an auxiliary output connector
+                sets, None without one), which a child's hit keeps to too.
+
+        Returns:
+            Upstream's tuple: the hit blocks, the tokens they hold, the
+            shared-prefix boundary and whether the hit diverged.
+        """
         if request.request_id not in self.pending_forks:
-            return super()._get_local_prefix_cache_hit(request)
+            return super()._get_local_prefix_cache_hit(request, *args)
         fork = self._forked_from(request.request_id)
         del self.pending_forks[request.request_id]
         if fork is None:
@@ -203,6 +214,8 @@ class ParkingScheduler(Scheduler):
             return self.kv_cache_manager.empty_kv_cache_blocks, 0, 0, False
         parent, num_shared = fork
         shared = min(num_shared, parent.num_computed_tokens)
+        if args and args[0] is not None:
+            shared = min(shared, args[0])
         blocks = self.kv_cache_manager.get_blocks(parent.request_id).blocks
         num_blocks = cdiv(shared, self.block_size)
         hit = self.kv_cache_manager.create_kv_cache_blocks(

@@ -78,17 +78,21 @@ class SequenceHookScheduler(ParkingScheduler):
             raise ValueError("sequence hooks on V1 share the parent's KV "
                              "blocks through the prefix cache: keep "
                              "enable_prefix_caching on")
-        if self.use_pp:
-            raise ValueError("sequence hooks do not support pipeline "
-                             "parallelism")
+        # Pipeline parallelism needs nothing of its own: V1 has one
+        # scheduler, which the engine core's batch queue drives with up to
+        # `max_concurrent_batches` batches in flight, as under async
+        # scheduling (docs/running-at-scale.md).
         if vllm_config.parallel_config.data_parallel_size > 1:
-            # The frontend spreads an `n > 1` request's samples over the
-            # engines; each engine core sees only its own samples' trees.
+            # vLLM gives each engine core of a dense model its own
+            # configuration with data_parallel_size 1
+            # (`reconfigure_for_independent_dp_rank`): its engines are
+            # independent. Only an engine core that steps in lockstep with
+            # the others (a MoE model's `DPEngineCoreProc`) still sees it.
             raise ValueError(
-                "sequence hooks do not support data parallelism: the "
-                "samples of an n > 1 request would run on different "
-                "engines, which cannot join their trees; run one hooked "
-                "server per replica behind a load balancer instead")
+                "sequence hooks do not support data parallelism of MoE "
+                "models: their engine cores step in lockstep (dummy "
+                "batches, collective waves), which has never run with "
+                "hooks; dense models run with --data-parallel-size N")
         if vllm_config.model_config.skip_tokenizer_init:
             raise ValueError(SKIP_TOKENIZER_INIT)
         self.tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
@@ -306,7 +310,7 @@ class SequenceHookScheduler(ParkingScheduler):
         if check is None:
             return
         # The tokens after the stop go, as vLLM 0.32's frontend drops them
-        # (`OutputProcessor._trim_surplus_tokens`); 0.30's and 0.31's
+        # (`OutputProcessor._trim_surplus_tokens`); 0.31's
         # would keep them in `CompletionOutput.token_ids`.
         kept = self.stop_strings.num_kept
         if kept < len(out.new_token_ids):

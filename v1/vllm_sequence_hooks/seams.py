@@ -24,7 +24,7 @@ from typing import Optional
 
 # vLLM releases the plugin was tested on, each with its record
 # (`seams_0_32_0.py` for 0.32.0), oldest first.
-SUPPORTED_VLLM_VERSIONS = ("0.30.0", "0.31.0", "0.32.0")
+SUPPORTED_VLLM_VERSIONS = ("0.31.0", "0.32.0", "0.33.0")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ class Seam:
     member: str
     # overrides, calls, reads, writes, constructs, subclasses, relies on
     # (behaviour used without a call: its source is hashed), imitates (we
-    # pass a stand-in of it) or annotates.
+    # pass a stand-in of it), wraps (replaced in memory by a wrapper that
+    # passes every argument on to it) or annotates.
     kind: str
     why: str
     remove_when: str
@@ -107,7 +108,9 @@ _ADMISSION = ("V1 lets a scheduler plugin refuse a request in the frontend, "
               "with a reason")
 _SHUTDOWN = ("upstream's shutdown gives every open request a final output "
              "before uvicorn waits for their streams")
-_ONLY_030 = "vLLM 0.30.0 leaves `SUPPORTED_VLLM_VERSIONS`"
+_SAMPLES_ON_ONE = ("vLLM's frontend keeps every sample's "
+                   "`kv_transfer_params` (upstream PR #38900)")
+_ENGINE_ARGS = "vLLM lets a plugin declare its own engine arguments"
 _STOP = ("upstream checks stop strings in the engine core, or reports the "
          "frontend's stop to the scheduler before the request's last output")
 
@@ -145,25 +148,25 @@ SEAMS: tuple[Seam, ...] = (
         "a new child's prefix hit is its parent's blocks (full ones "
         "shared, the partial one copied by upstream's copy-on-write); "
         "returns (blocks, hit tokens, shared-prefix boundary, connector "
-        "flag)", _FORK),
+        "flag); passes on what else upstream gives (vLLM 0.33's "
+        "`max_cache_hit_length`, which caps a child's hit too)", _FORK),
     # The scheduler: private members called or relied on.
     Seam(
         f"{_SCHED}._update_request_as_session", "calls",
         "the resume: `<sync>` and the merged tokens are the parked "
         "session's next chunk; it keeps the computed KV, drops the "
         "uncomputed sampled token, turns output into prompt, sets the "
-        "request waiting and uncounts the parked session", _PARK),
+        "request waiting and uncounts the parked session (0.33 keeps every "
+        "output token but the last, 0.32 only the computed ones: "
+        "`releases.Release033` gives the chunk from there)", _PARK),
     Seam(
         f"{_SCHED}._enqueue_waiting_request", "calls",
         "a park queues the parent where upstream queues a waiting "
-        "session (deferred, with the requests holding KV; on 0.30 in "
-        "`skipped_waiting`)", _PARK),
+        "session (deferred, with the requests holding KV)", _PARK),
     Seam(
         f"{_SCHED}._holds_kv_blocks", "calls",
         "eviction's arithmetic: whether a waiting request (a resumed "
-        "parent) still holds blocks; vLLM 0.30 lacks it, "
-        "`releases.Release030` runs a copy of 0.31.0's "
-        "(`releases.VENDORED`)", _EVICT),
+        "parent) still holds blocks", _EVICT),
     Seam(
         f"{_SCHED}._is_blocked_waiting_status", "relies on",
         "a parked parent (`WAITING_FOR_STREAMING_REQ`) is blocked: "
@@ -171,8 +174,15 @@ SEAMS: tuple[Seam, ...] = (
     Seam(
         f"{_SCHED}._handle_stopped_request", "relies on",
         "`ParkingScheduler.park` repeats how it drops a finished "
-        "streaming turn's step in flight (async scheduling; 0.30's keeps "
-        "it, the park drops it on every release)", _PARK),
+        "streaming turn's step in flight (async scheduling) and queues the "
+        "session itself (0.33's leaves the queueing to "
+        "`update_from_output`)", _PARK),
+    Seam(
+        f"{_SCHED}.has_request", "relies on",
+        "vLLM 0.33's engine core asks it whether a request is held (input "
+        "for an open streaming session passes a pause): upstream's answer, "
+        "`requests`, holds children and parked parents; 0.31 and 0.32 lack "
+        "it", "never: what a scheduler subclass inherits"),
     # The scheduler: attributes.
     Seam(
         f"{_SCHED}.requests", "reads, writes",
@@ -188,26 +198,19 @@ SEAMS: tuple[Seam, ...] = (
         "KV-holding queue; `critical_path_first` orders both", _EVICT),
     Seam(
         f"{_SCHED}.kv_holding_waiting", "reads, writes",
-        "the KV-holding queue from vLLM 0.31 on "
-        "(`releases.Release.kv_holding_queue`): an evicted parent leaves "
-        "it, eviction and `critical_path_first` read it", _EVICT),
-    Seam(
-        f"{_SCHED}.skipped_waiting", "reads, writes",
-        "vLLM 0.30's KV-holding queue (`releases.Release030`): one queue "
-        "of waiting requests that are blocked (a parked parent) or hold "
-        "blocks (a resumed one), drained before `waiting`, which 0.31 "
-        "split into `kv_holding_waiting` and `deferred_waiting`", _ONLY_030),
+        "the KV-holding queue (`releases.Release.kv_holding_queue`): an "
+        "evicted parent leaves it, eviction and `critical_path_first` read "
+        "it", _EVICT),
     Seam(
         f"{_SCHED}.num_waiting_for_streaming_input", "writes",
         "a parked parent is counted as upstream counts a parked session, "
         "and uncounted while the stock step runs (`schedule`)",
         "upstream stops counting parked sessions as running"),
     Seam(
-        f"{_SCHED}.{{kv_cache_manager,block_size,max_model_len,use_pp,"
+        f"{_SCHED}.{{kv_cache_manager,block_size,max_model_len,"
         "current_step}", "reads",
         "KV blocks; block arithmetic; the tree's length limit and a "
-        "child's budget; pipeline parallelism refused; the step of "
-        "`computed_log`", _NEVER),
+        "child's budget; the step of `computed_log`", _NEVER),
     Seam(
         "vllm.v1.core.sched.async_scheduler:AsyncScheduler", "subclasses",
         "`AsyncSequenceHookScheduler` puts the hooks' overrides before "
@@ -277,13 +280,6 @@ SEAMS: tuple[Seam, ...] = (
         "drop_stale_output,num_stale_output_tokens}", "writes",
         "a park, as `_handle_stopped_request` does it; an evicted parent "
         "recomputes from 0", _PARK),
-    Seam(
-        "vllm.v1.request:Request.max_tokens", "writes",
-        "vLLM 0.30's `_update_request_as_session` keeps a session's "
-        "first budget (0.31 on sets the update's): on 0.30 the resume sets "
-        "the parent's remaining budget itself "
-        "(`releases.Release030.update_request_as_session`), else a resumed "
-        "parent runs past it and the model's length", _ONLY_030),
     Seam("vllm.v1.request:Request.is_finished", "calls",
          "a member aborted or stopped earlier in the step has no events",
          _STATE),
@@ -312,6 +308,15 @@ SEAMS: tuple[Seam, ...] = (
         "children's outputs are dropped from `outputs`; a client with "
         "only added outputs gets a new batch", "never: the scheduler's "
         "outputs"),
+    Seam(
+        "vllm.v1.engine:EngineCoreOutput.events", "reads, writes",
+        "a child's `PREEMPTED` events go out with its root's next output "
+        "(`transport.ChildPreemptions`), so `vllm:num_preemptions` counts "
+        "them", "never: the scheduler's outputs"),
+    Seam("vllm.v1.engine:EngineCoreEvent.type", "reads",
+         "which held events are a child's preemptions", _NEVER),
+    Seam("vllm.v1.engine:EngineCoreEventType.PREEMPTED", "reads",
+         "the events the frontend counts as preemptions", _NEVER),
     Seam(
         "vllm.v1.engine:FinishReason.{STOP,ABORT}", "reads",
         "a stop found in the core goes out as `ABORT`, which the frontend "
@@ -489,8 +494,22 @@ SEAMS: tuple[Seam, ...] = (
         "on one sampled token a step); data parallelism refused", _PUBLIC),
     Seam(
         "vllm.config:ParallelConfig.data_parallel_size", "reads",
-        "refused above 1: an `n > 1` request's samples would run on "
-        "different engines, which cannot join their trees", _SAMPLES),
+        "an engine core that sees more than 1 steps in lockstep with the "
+        "others (a MoE model's): refused; a dense model's engine core is "
+        "given 1", "data parallelism of MoE models runs with hooks"),
+    Seam(
+        "vllm.config:ParallelConfig.{data_parallel_size_local,"
+        "local_engines_only}", "reads",
+        "how many engine cores the API server routes to: the range of "
+        "`X-data-parallel-rank` that `data_parallel.SamplesOnOneEngine` "
+        "gives an `n > 1` request", _SAMPLES_ON_ONE),
+    Seam(
+        "vllm.v1.engine.core_client:DPLBAsyncMPClient.get_core_engine_for_"
+        "request", "relies on",
+        "a request's `data_parallel_rank` (from `X-data-parallel-rank`) "
+        "picks its engine core; without one the client places each "
+        "engine request by load, each sample of an `n > 1` request apart",
+        _SAMPLES_ON_ONE),
     Seam(
         "vllm.config:SchedulerConfig.{scheduler_cls,async_scheduling}",
         "reads", "`--scheduler-cls` names the plugin; async scheduling picks "
@@ -504,6 +523,28 @@ SEAMS: tuple[Seam, ...] = (
     Seam("vllm.engine.arg_utils:EngineArgs.{scheduler_cls,additional_config}",
          "reads", "`hooked_engine_args` gives these two to `LLM(...)`",
          _PUBLIC),
+    # The one setting (`engine_args`): members wrapped in memory.
+    Seam(
+        "vllm.engine.arg_utils:EngineArgs.{add_cli_args,from_cli_args,"
+        "__init__,create_engine_config}", "wraps",
+        "`--special-kwargs` added to the parser and expanded, in place, "
+        "into the five settings before upstream reads them; "
+        "`special_kwargs=` expanded the same; the hooks checked against the "
+        "model before any engine process starts; each wrapper passes "
+        "everything on and calls upstream's member", _ENGINE_ARGS),
+    Seam(
+        "vllm.engine.arg_utils:AsyncEngineArgs.__init__", "wraps",
+        "its own dataclass constructor: `special_kwargs=` as on "
+        "`EngineArgs`", _ENGINE_ARGS),
+    Seam(
+        "vllm.engine.arg_utils:AsyncEngineArgs.add_cli_args", "relies on",
+        "it loads the general plugins (`register`) before it adds the "
+        "engine's flags, so `--special-kwargs` is on every `vllm serve` "
+        "parser", _ENGINE_ARGS),
+    Seam(
+        "vllm.config:ModelConfig.skip_tokenizer_init", "reads",
+        "refused: the hooks resolve their tokens, merge and stop-check "
+        "text with the tokenizer", "never: the hooks need a tokenizer"),
     Seam(
         "vllm:__version__", "reads",
         "`check_vllm_version`: the version of the code imported, whatever "

@@ -48,6 +48,8 @@ RECORD: dict[str, Expect] = {
     "vllm.v1.core.sched.scheduler:Scheduler._handle_stopped_request":
     Expect("(self, request)",
            "9a77c9522634358e97211915bdbf3a5e40335314624dc125025f1996a8706228"),
+    "vllm.v1.core.sched.scheduler:Scheduler.has_request":
+    Expect(absent=True),
     "vllm.v1.core.sched.scheduler:Scheduler.requests":
     Expect(),
     "vllm.v1.core.sched.scheduler:Scheduler.running":
@@ -56,12 +58,10 @@ RECORD: dict[str, Expect] = {
     Expect(),
     "vllm.v1.core.sched.scheduler:Scheduler.kv_holding_waiting":
     Expect(),
-    "vllm.v1.core.sched.scheduler:Scheduler.skipped_waiting":
-    Expect(absent=True),
     "vllm.v1.core.sched.scheduler:Scheduler.num_waiting_for_streaming_input":
     Expect(),
     ("vllm.v1.core.sched.scheduler:Scheduler.{kv_cache_manager"
-     ",block_size,max_model_len,use_pp,current_step}"):
+     ",block_size,max_model_len,current_step}"):
     Expect(),
     "vllm.v1.core.sched.async_scheduler:AsyncScheduler":
     Expect(defines=("__init__", "_update_after_schedule",
@@ -108,8 +108,6 @@ RECORD: dict[str, Expect] = {
      ",num_output_placeholders,num_in_flight_tokens,spec_token_ids"
      ",drop_stale_output,num_stale_output_tokens}"):
     Expect(),
-    "vllm.v1.request:Request.max_tokens":
-    Expect(),
     "vllm.v1.request:Request.is_finished":
     Expect("(self)"),
     ("vllm.v1.request:RequestStatus.{WAITING,RUNNING,PREEMPTED"
@@ -133,6 +131,12 @@ RECORD: dict[str, Expect] = {
     Expect("(engine_index=, outputs=, scheduler_stats=, timestamp="
            ", utility_output=, finished_requests=, wave_complete="
            ", start_wave=, weight_version=)"),
+    "vllm.v1.engine:EngineCoreOutput.events":
+    Expect(),
+    "vllm.v1.engine:EngineCoreEvent.type":
+    Expect(),
+    "vllm.v1.engine:EngineCoreEventType.PREEMPTED":
+    Expect(),
     "vllm.v1.engine:FinishReason.{STOP,ABORT}":
     Expect(),
     "vllm.v1.engine:FinishReason.__str__":
@@ -206,8 +210,7 @@ RECORD: dict[str, Expect] = {
     "vllm.v1.sample.logits_processor:LogitsProcessor.validate_params":
     Expect("(sampling_params)",
            "408c0c5ad16622753cbd2930976bcc75c65f85873eb6bd35f85f04b45dd01542"),
-    ("vllm.v1.sample.logits_processor:"
-     "validate_logits_processors_parameters"):
+    "vllm.v1.sample.logits_processor:validate_logits_processors_parameters":
     Expect("(logits_processors, sampling_params)",
            "7cf8e3b6fe1797966ab1e809306bfc743f45592761659e6eb636fb08457e3556"),
     "vllm.v1.sample.logits_processor:_load_logitsprocs_plugins":
@@ -219,17 +222,18 @@ RECORD: dict[str, Expect] = {
     Expect(),
     "vllm.config:ModelConfig.logits_processors":
     Expect(),
-    ("vllm.entrypoints.llm:LLM.{generate,collective_rpc,"
-     "reset_prefix_cache,get_tokenizer,llm_engine}"):
+    ("vllm.entrypoints.llm:LLM.{generate,collective_rpc"
+     ",reset_prefix_cache,get_tokenizer,llm_engine}"):
     Expect(),
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.reload_weights":
-    Expect("(self, weights_iterator=, weights_path=, is_checkpoint_format=)"),
-    ("vllm.model_executor.layers.vocab_parallel_embedding:"
-     "UnquantizedEmbeddingMethod.process_weights_after_loading"):
+    Expect("(self, weights_iterator=, weights_path="
+           ", is_checkpoint_format=)"),
+    "vllm.model_executor.layers.vocab_parallel_embedding:UnquantizedEmbeddingMethod.process_weights_after_loading":
     Expect("(self, layer)",
            "3f18c9f56bcc9abd6b1496476855cff57322e8bb0527a1949b73b0c08f6d8f8a"),
     "vllm.entrypoints.launchers.launcher:serve_http":
-    Expect("(app, sock, enable_ssl_refresh=, peer_loads=, **uvicorn_kwargs)",
+    Expect(("(app, sock, enable_ssl_refresh=, peer_loads="
+            ", **uvicorn_kwargs)"),
            "f471b91743318731b51c325292f51b46167f798c86f1082b62bf045bc3886e0b"),
     "vllm.v1.engine.async_llm:AsyncLLM.shutdown":
     Expect("(self, timeout=)",
@@ -245,6 +249,12 @@ RECORD: dict[str, Expect] = {
     Expect(),
     "vllm.config:ParallelConfig.data_parallel_size":
     Expect(),
+    ("vllm.config:ParallelConfig.{data_parallel_size_local"
+     ",local_engines_only}"):
+    Expect(),
+    "vllm.v1.engine.core_client:DPLBAsyncMPClient.get_core_engine_for_request":
+    Expect("(self, request)",
+           "964adc43fd38ab3250a1d96606a82d1c59a04baadc882e3b9c23431b9440c497"),
     "vllm.config:SchedulerConfig.{scheduler_cls,async_scheduling}":
     Expect(),
     "vllm.config:ModelConfig.{served_model_name,hf_config}":
@@ -253,6 +263,16 @@ RECORD: dict[str, Expect] = {
     Expect("(self)"),
     ("vllm.engine.arg_utils:EngineArgs.{scheduler_cls"
      ",additional_config}"):
+    Expect(),
+    ("vllm.engine.arg_utils:EngineArgs.{add_cli_args,from_cli_args"
+     ",__init__,create_engine_config}"):
+    Expect(),
+    "vllm.engine.arg_utils:AsyncEngineArgs.__init__":
+    Expect(),
+    "vllm.engine.arg_utils:AsyncEngineArgs.add_cli_args":
+    Expect("(parser, async_args_only=)",
+           "e53011c53a8fbd0ac37699a813a8d977e910b05f86e0981b0472403e427cf9f2"),
+    "vllm.config:ModelConfig.skip_tokenizer_init":
     Expect(),
     "vllm:__version__":
     Expect(),

@@ -91,7 +91,7 @@ class StopStringChecks:
 
         One at a time: vLLM 0.32's detokenizer drops the tokens fed with
         the one completing a stop string and after it (several arrive at
-        once when a merge is appended); 0.30's and 0.31's keep them. Fed
+        once when a merge is appended); 0.31's keeps them. Fed
         singly, the check's tokens end at the stop on every version.
 
         Returns:

@@ -12,9 +12,13 @@ carries (`outputs.promise_tree` rebuilds it in the frontend).
 With `n > 1` the frontend runs one engine request per sample and gives the
 request's output the `kv_transfer_params` of the last sample to finish, so
 `SampleTrees` sends every finished sample's tree with each later
-finishing sample.
+finishing sample. That needs a request's samples in one engine core:
+under data parallelism the plugin's `data_parallel.SamplesOnOneEngine`
+keeps them together, and a sample that arrives with no sibling on record
+is logged (its siblings' trees cannot come with it).
 """
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -37,6 +41,9 @@ SAMPLE_TREES_KEY = "promise_trees"
 # Engine request id of a sample V1's frontend fans an `n > 1` request out
 # to: "<index>_<the request's id>" (`ParentRequest.get_child_info`).
 SAMPLE_ID = re.compile(r"(\d+)_(.+)", re.DOTALL)
+
+# Under vLLM's logger, whose handler prints the line.
+logger = logging.getLogger("vllm.sequence_hooks.transport")
 
 
 def attach_tree(out: EngineCoreOutput, tree: PromiseTreeState) -> None:
@@ -105,8 +112,20 @@ class SampleTrees:
     def added(self, request_id: str) -> None:
         """Notes a new engine request, a sample or not."""
         match = SAMPLE_ID.fullmatch(request_id)
-        if match is not None:
-            self._samples.setdefault(match[2], _Samples()).live.add(request_id)
+        if match is None:
+            return
+        if match[1] != "0" and match[2] not in self._samples:
+            # The frontend sends sample 0 first: its siblings run in
+            # another engine core (data parallelism without the samples
+            # middleware) or finished before this one arrived.
+            logger.warning(
+                "sample %s of request %s reached this engine core with "
+                "none of its siblings: their trees will not come with "
+                "its answer. Under data parallelism, serve with --middleware "
+                "vllm_sequence_hooks.data_parallel.SamplesOnOneEngine or "
+                "name the engine of n > 1 requests (X-data-parallel-rank, "
+                "data_parallel_rank)", match[1], match[2])
+        self._samples.setdefault(match[2], _Samples()).live.add(request_id)
 
     def carries_trees(self, request_id: str, has_tree: Any) -> bool:
         """Whether a sample's outputs carry trees: its request's samples
