@@ -2,10 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The promise tree of one request: engine-side record and user snapshot.
 
-Engine-neutral: it imports no vLLM module. The lifecycle
-(`sequence_hooks.lifecycle.PromiseCoordinator`) changes a tree only through
-`PromiseTreeState`'s methods, whichever engine runs it; users get
-`PromiseNode` snapshots, which never change once made.
+Engine-neutral: it imports no vLLM module. Only the lifecycle
+(`sequence_hooks.lifecycle.PromiseCoordinator`) changes a tree, whichever
+engine runs it: its structure and results through `PromiseTreeState`'s
+methods, its own bookkeeping (`TreeNode.blocked_since`,
+`PromiseTreeState.num_refused`) by assignment. Users get `PromiseNode`
+snapshots, which never change once made.
 """
 
 from collections.abc import Callable, Mapping
