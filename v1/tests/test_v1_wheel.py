@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from vllm_sequence_hooks.seams import check_vllm_version
 
 from sequence_hooks_testkit.server import stop_server, wait_healthy
 from sequence_hooks_testkit.upstream_async_tests import cache_dir
@@ -124,6 +125,22 @@ def test_the_wheel_alone_brings_everything_the_plugin_imports(user_venv):
         text=True,
         check=True).stdout
     assert "vllm" not in editable and "sequence" not in editable, editable
+
+
+def test_the_wheels_tripwires_pass_on_the_users_vllm(user_venv):
+    """The records ship as data in the wheel (`records/*.json`): its
+    tripwires check the user's vLLM against its release's record."""
+    check = subprocess.run([
+        str(user_venv / "bin" / "python"), "-m",
+        "vllm_sequence_hooks.tripwires", "check"
+    ],
+                           capture_output=True,
+                           text=True,
+                           cwd=user_venv,
+                           timeout=START_TIMEOUT_S)
+    assert check.returncode == 0, check.stdout + check.stderr[-2000:]
+    assert check.stdout.strip().splitlines()[-1] == (
+        f"every seam as in vLLM {check_vllm_version()}")
 
 
 def test_vllm_serve_with_the_one_flag_answers_with_the_tree(

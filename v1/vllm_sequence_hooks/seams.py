@@ -8,7 +8,7 @@ private scheduler methods, writes request fields, builds engine-core
 requests and outputs and relies on how the frontend fans out samples and
 carries `kv_transfer_params`. `SEAMS` lists each such member once, with
 why it is reached and when the reach can go; one record per supported
-vLLM version (`seams_<version>.py`) holds what that version has of each:
+vLLM version (`records/<version>.json`, data) holds what that version has of each:
 its signature, and for overridden methods, private methods we call and
 code whose behaviour we rely on, the sha256 of its source. The tripwires
 (`tripwires`, run by v1/tests/test_v1_seams.py), docs/seams.md (rendered
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 # vLLM releases the plugin was tested on, each with its record
-# (`seams_0_32_0.py` for 0.32.0), oldest first.
+# (`records/0.32.0.json` for 0.32.0), oldest first.
 SUPPORTED_VLLM_VERSIONS = ("0.31.0", "0.32.0", "0.33.0")
 
 

@@ -14,15 +14,17 @@ method's recorded hashes (`check_vendored`).
 As a command, for the upgrade to a new vLLM:
 
     python -m vllm_sequence_hooks.tripwires check     # every mismatch
-    python -m vllm_sequence_hooks.tripwires record    # a new record
+    python -m vllm_sequence_hooks.tripwires record    # a new record (JSON)
     python -m vllm_sequence_hooks.tripwires markdown  # docs/seams.md's table
 """
 
 import ast
 import dataclasses
 import difflib
+import functools
 import hashlib
 import importlib
+import importlib.resources
 import inspect
 import json
 import sys
@@ -32,13 +34,32 @@ from typing import Any, Optional
 from vllm_sequence_hooks.seams import (SEAMS, SUPPORTED_VLLM_VERSIONS, Expect,
                                        Seam, Vendored, supported_version)
 
+# The records' folder in this package: `<version>.json` per supported
+# release.
+RECORDS = "records"
 
+
+@functools.cache
 def record(version: str) -> dict[str, Expect]:
-    """What a supported vLLM version has of each seam, by member (its
-    `seams_<version>.py`)."""
-    module = importlib.import_module(
-        f"vllm_sequence_hooks.seams_{version.replace('.', '_')}")
-    return module.RECORD
+    """What a supported vLLM version has of each seam, by member.
+
+    Args:
+        version: A supported release ("0.32.0").
+
+    Returns:
+        Its record, `records/<version>.json`.
+    """
+    path = importlib.resources.files(__package__) / RECORDS / f"{version}.json"
+    members = json.loads(path.read_text())["members"]
+    return {
+        member:
+        Expect(
+            **{
+                name: tuple(value) if name == "defines" else value
+                for name, value in fields.items()
+            })
+        for member, fields in members.items()
+    }
 
 
 def split_member(member: str) -> tuple[str, str, tuple[str, ...]]:
@@ -333,46 +354,31 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _literal(text: str, parenthesize: bool = True) -> str:
-    """A string literal, split after commas into implicitly concatenated
-    pieces of about 60 characters at most (in parentheses if asked)."""
-    pieces, piece = [], ""
-    for part in text.split(","):
-        part = part if not pieces and not piece else "," + part
-        if piece and len(piece) + len(part) > 60:
-            pieces.append(piece)
-            piece = part
-        else:
-            piece += part
-    literals = " ".join(json.dumps(piece) for piece in pieces + [piece])
-    return (f"({literals})" if parenthesize and len(pieces) else literals)
+def record_json(version: str) -> str:
+    """The record of the installed vLLM, as `records/<version>.json`.
 
+    Args:
+        version: The installed vLLM's version.
 
-def _record_source(version: str) -> str:
-    """The `RECORD` of a `seams_<version>.py` for the installed vLLM, to
-    be formatted with yapf."""
-    lines = [f"# vLLM {version}", "RECORD: dict[str, Expect] = {"]
+    Returns:
+        The JSON text: each seam's member with the fields `current` sets
+        (`recorded_on` says what was installed; say more by hand).
+    """
+    members = {}
     for seam in SEAMS:
         expect = current(seam)
-        if expect.absent:
-            lines.append(f"    {_literal(seam.member)}: Expect(absent=True),")
-            continue
-        fields = [
-            json.dumps(expect.signature),
-            json.dumps(expect.source_sha256)
-        ]
-        while fields and fields[-1] == "null":
-            fields.pop()
-        if fields and expect.signature is not None:
-            fields[0] = _literal(expect.signature, len(fields) > 1)
-        if expect.defines is not None:
-            names = ", ".join(map(json.dumps, expect.defines))
-            comma = "," if len(expect.defines) == 1 else ""
-            fields.append(f"defines=({names}{comma})")
-        fields = ["None" if field == "null" else field for field in fields]
-        lines.append(f"    {_literal(seam.member)}: "
-                     f"Expect({', '.join(fields)}),")
-    return "\n".join(lines + ["}"]) + "\n"
+        members[seam.member] = {
+            field.name: list(value) if field.name == "defines" else value
+            for field in dataclasses.fields(expect)
+            if (value := getattr(expect, field.name)) not in (None, False)
+        }
+    return json.dumps(
+        {
+            "vllm": version,
+            "recorded_on": f"vLLM {version} as installed",
+            "members": members
+        },
+        indent=1) + "\n"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -381,7 +387,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if command == "markdown":
         print(markdown(), end="")
     elif command == "record":
-        print(_record_source(vllm.__version__), end="")
+        print(record_json(vllm.__version__), end="")
     else:
         version = supported_version(vllm.__version__)
         if version is None:
