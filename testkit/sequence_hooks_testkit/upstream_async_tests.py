@@ -320,8 +320,7 @@ def _shell_class(model: Path, variant: str, counter: _HookCounter):
     real = _shimmed_create_scheduler(utils.create_scheduler, model, variant,
                                      counter)(async_scheduling=True)
     names = ("special_kwargs", "coordinator", "sample_trees", "stop_strings",
-             "child_logprobs", "_outputs", "_extra", "metrics", "computed_log",
-             "tokenizer")
+             "child_logprobs", "_outputs", "_extra", "metrics", "tokenizer")
     return type("ShellAsyncSequenceHookScheduler", (type(real), ),
                 {name: getattr(real, name)
                  for name in names})

@@ -6,8 +6,10 @@ the V1 `Flavour` of `conformance`.
 Import only in the V1 environment (`.venv-v1`).
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from sequence_hooks_testkit.conformance import Flavour
 from sequence_hooks_testkit.tiny_model import SPECIAL_TOKENS
@@ -78,6 +80,33 @@ def scripted_params(plans, ids, max_tokens: int = 64, **fixed):
 def scheduler_of(llm):
     """The engine core's scheduler (in-process engine core)."""
     return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+@contextmanager
+def computed_tokens(scheduler: Any) -> Iterator[list[tuple[str, int]]]:
+    """Records what each request computes in each step ``scheduler``
+    schedules while the context is open.
+
+    Args:
+        scheduler: A V1 scheduler (`scheduler_of`, or one made model-free).
+
+    Yields:
+        The record, growing step by step as they are scheduled: (request
+        id, tokens scheduled) for each request of each step.
+    """
+    log: list[tuple[str, int]] = []
+    schedule = scheduler.schedule
+
+    def recorded(*args, **kwargs):
+        output = schedule(*args, **kwargs)
+        log.extend(output.num_scheduled_tokens.items())
+        return output
+
+    scheduler.schedule = recorded
+    try:
+        yield log
+    finally:
+        del scheduler.schedule
 
 
 def run_to_the_end(engine,

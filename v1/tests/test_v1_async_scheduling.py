@@ -22,6 +22,7 @@ from vllm_sequence_hooks.scheduler import (AsyncSequenceHookScheduler,
 from sequence_hooks_testkit.v1_batch_queue import (FILLER, BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
+from sequence_hooks_testkit.v1_engines import computed_tokens
 from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
 from vllm.platforms import current_platform
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -158,14 +159,14 @@ def test_a_child_computes_only_its_promise_and_marker_under_async(
         tiny_model_path, hook_ids, special_kwargs):
     scheduler = make_scheduler(SequenceHookScheduler, tiny_model_path, True,
                                special_kwargs)
-    scheduler.computed_log = []
     driver = BatchQueueDriver(scheduler, tree_sampler(hook_ids, 1))
     driver.add(
         make_request(scheduler, "r0", [FILLER + 1] * PROMPT_LEN, 64,
                      hook_ids.eos))
-    driver.run()
+    with computed_tokens(scheduler) as log:
+        driver.run()
     chunks = {}
-    for _, request_id, n in scheduler.computed_log:
+    for request_id, n in log:
         chunks.setdefault(request_id, []).append(n)
     child_chunks = chunks["r0/promise-0"]
     # `<promise>` and the marker, then one token a step.

@@ -13,7 +13,8 @@ from sequence_hooks.lifecycle import derive_seed
 from sequence_hooks_testkit import conformance
 from sequence_hooks_testkit.programs import NONE, programs
 from sequence_hooks_testkit.v1_engines import (V1, assert_engine_clean,
-                                               scheduler_of, scripted_params)
+                                               computed_tokens, scheduler_of,
+                                               scripted_params)
 
 
 class TestConformance(conformance.FlavourConformance):
@@ -23,18 +24,14 @@ class TestConformance(conformance.FlavourConformance):
 
 def test_scheduled_tokens_for_child_start_and_parent_resume(
         hooked_llm, hook_ids):
-    scheduler = scheduler_of(hooked_llm)
-    scheduler.computed_log = []
-    try:
-        plans = programs(hook_ids)["sync before the child finishes"]
+    plans = programs(hook_ids)["sync before the child finishes"]
+    with computed_tokens(scheduler_of(hooked_llm)) as log:
         [output] = conformance.run_hooked(V1, hooked_llm, hook_ids,
                                           ["the cat sees"], [plans])
-    finally:
-        log, scheduler.computed_log = scheduler.computed_log, None
     tree = V1.promise_tree(output)
     [child] = tree.children
-    child_chunks = [n for _, rid, n in log if rid == child.request_id]
-    root_chunks = [n for _, rid, n in log if rid == tree.request_id]
+    child_chunks = [n for rid, n in log if rid == child.request_id]
+    root_chunks = [n for rid, n in log if rid == tree.request_id]
     print(f"child chunks {child_chunks}, root chunks {root_chunks}")
     # The child computes only <promise> and its role marker, then decodes.
     assert child_chunks[0] == 2
@@ -57,10 +54,9 @@ def test_child_shares_full_blocks_and_copies_the_partial_one(
     manager = scheduler.kv_cache_manager
     prompt = [7 + i % 50 for i in range(scheduler.block_size + 5)]
     plans = {(): [hook_ids.promise, hook_ids.sync, NONE], (0, ): [NONE] * 6}
-    scheduler.computed_log = []
     engine.add_request("long", {"prompt_token_ids": prompt},
                        scripted_params(plans, hook_ids))
-    try:
+    with computed_tokens(scheduler) as log:
         engine.step()  # the prompt; samples <promise>
         engine.step()  # <promise> for the parent, and the child's start
         [tree] = {
@@ -76,12 +72,9 @@ def test_child_shares_full_blocks_and_copies_the_partial_one(
         assert child_blocks[0] is parent_blocks[0]
         assert parent_blocks[0].ref_cnt == 2
         assert child_blocks[1] is not parent_blocks[1]
-        assert [n for _, rid, n in scheduler.computed_log
-                if rid == child_id] == [2]
+        assert [n for rid, n in log if rid == child_id] == [2]
         while engine.has_unfinished_requests():
             engine.step()
-    finally:
-        scheduler.computed_log = None
     assert_engine_clean(hooked_llm)
 
 

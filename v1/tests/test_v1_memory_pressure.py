@@ -21,8 +21,9 @@ from vllm_sequence_hooks import promise_tree
 from sequence_hooks_testkit.conformance import assert_fuzz_outcome, hook_odds
 from sequence_hooks_testkit.programs import NONE
 from sequence_hooks_testkit.v1_engines import (assert_engine_clean,
-                                               run_to_the_end, scheduler_of,
-                                               scripted_params, v1_llm)
+                                               computed_tokens, run_to_the_end,
+                                               scheduler_of, scripted_params,
+                                               v1_llm)
 from sequence_hooks_testkit.v1_scripted_logits import POLICY_KEY
 from vllm import SamplingParams
 from vllm.v1.engine import EngineCoreEventType
@@ -115,8 +116,7 @@ def test_trees_finish_under_preemption_and_free_every_block(
 def test_parked_parents_are_evicted_and_recompute_at_resume(
         tighter_llm, hook_ids, roomy_results, monkeypatch):
     scheduler = scheduler_of(tighter_llm)
-    scheduler.computed_log = []
-    # (request id, tokens of its next chunk, computed_log length) of each
+    # (request id, tokens of its next chunk, length of `log`) of each
     # resume of an evicted parent.
     resumes = []
     resume = scheduler.resume
@@ -128,23 +128,19 @@ def test_parked_parents_are_evicted_and_recompute_at_resume(
         resume(member_id, *args, **kwargs)
         if evicted:
             assert request.num_computed_tokens == 0
-            resumes.append(
-                (request.request_id, request.num_tokens - num_computed,
-                 len(scheduler.computed_log)))
+            resumes.append((request.request_id,
+                            request.num_tokens - num_computed, len(log)))
 
     monkeypatch.setattr(scheduler, "resume", recorded_resume)
-    try:
+    with computed_tokens(scheduler) as log:
         assert run_trees(tighter_llm, hook_ids, monkeypatch) == roomy_results
-        computed_log = scheduler.computed_log
-    finally:
-        scheduler.computed_log = None
     assert resumes, "no parked parent was evicted"
     # Each evicted parent's first step after its resume computes more than
     # its next chunk (`<sync>` and the merged tokens): its context too,
     # less what the prefix cache gave back.
     recomputed = [
-        next(n for _, request_id, n in computed_log[start:]
-             if request_id == resumed) - chunk
+        next(n
+             for request_id, n in log[start:] if request_id == resumed) - chunk
         for resumed, chunk, start in resumes
     ]
     assert any(n > 0 for n in recomputed), recomputed

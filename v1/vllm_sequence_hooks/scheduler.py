@@ -131,9 +131,6 @@ class SequenceHookScheduler(ParkingScheduler):
         # Outputs the hooks add this step (merged tokens of parents that
         # sampled nothing), by client index.
         self._extra: dict[int, list[EngineCoreOutput]] = {}
-        # Tokens each tree member computed in each step, for the tests and
-        # benchmarks: (step, request id, tokens).
-        self.computed_log: Optional[list[tuple[int, str, int]]] = None
 
     # ----------------------------------------------------------- scheduling
 
@@ -142,11 +139,6 @@ class SequenceHookScheduler(ParkingScheduler):
             self.order.order(self)
         output = super().schedule(*args, **kwargs)
         self.metrics.kv_cache_usage.set(self.kv_cache_manager.usage)
-        if self.computed_log is not None:
-            self.computed_log += [
-                (self.current_step, request_id, n)
-                for request_id, n in output.num_scheduled_tokens.items()
-            ]
         return output
 
     def num_parked(self) -> int:

@@ -8,12 +8,12 @@ private scheduler methods, writes request fields, builds engine-core
 requests and outputs and relies on how the frontend fans out samples and
 carries `kv_transfer_params`. `SEAMS` lists each such member once, with
 why it is reached and when the reach can go; one record per supported
-vLLM version (`records/<version>.json`, data) holds what that version has of each:
-its signature, and for overridden methods, private methods we call and
-code whose behaviour we rely on, the sha256 of its source. The tripwires
-(`tripwires`, run by v1/tests/test_v1_seams.py), docs/seams.md (rendered
-from this table) and the version check below all read these facts, so
-they cannot disagree.
+vLLM version (`records/<version>.json`, data) holds what that version
+has of each: its signature, and for overridden methods, private methods
+we call and code whose behaviour we rely on, the sha256 of its source.
+The tripwires (`tripwires`, run by v1/tests/test_v1_seams.py),
+docs/seams.md (rendered from this table) and the version check below all
+read these facts, so they cannot disagree.
 
 `check_vllm_version` refuses a vLLM without a record: a version nobody
 checked these members on.
@@ -207,10 +207,9 @@ SEAMS: tuple[Seam, ...] = (
         "and uncounted while the stock step runs (`schedule`)",
         "upstream stops counting parked sessions as running"),
     Seam(
-        f"{_SCHED}.{{kv_cache_manager,block_size,max_model_len,"
-        "current_step}", "reads",
+        f"{_SCHED}.{{kv_cache_manager,block_size,max_model_len}}", "reads",
         "KV blocks; block arithmetic; the tree's length limit and a "
-        "child's budget; the step of `computed_log`", _NEVER),
+        "child's budget", _NEVER),
     Seam(
         "vllm.v1.core.sched.async_scheduler:AsyncScheduler", "subclasses",
         "`AsyncSequenceHookScheduler` puts the hooks' overrides before "
@@ -251,10 +250,9 @@ SEAMS: tuple[Seam, ...] = (
         "vllm.v1.core.sched.request_queue:RequestQueue.remove_request",
         "calls", "an evicted parent's resume is a new prefill, not a "
         "KV-holding request", _EVICT),
-    Seam(
-        "vllm.v1.core.sched.output:SchedulerOutput.num_scheduled_tokens",
-        "reads", "which requests a step ran (their outputs are events); "
-        "`computed_log`", _NEVER),
+    Seam("vllm.v1.core.sched.output:SchedulerOutput.num_scheduled_tokens",
+         "reads", "which requests a step ran (their outputs are events)",
+         _NEVER),
     # Requests.
     Seam(
         "vllm.v1.request:Request", "constructs",
