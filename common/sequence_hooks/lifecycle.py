@@ -304,7 +304,7 @@ class PromiseCoordinator:
     def is_parked(self, member_id: str) -> bool:
         """Whether ``member_id`` waits at a `<sync>` for its children."""
         member = self._members.get(member_id)
-        return member is not None and member.node.blocked_since is not None
+        return member is not None and member.node.parked_since is not None
 
     def num_parked(self) -> int:
         """Members parked at a `<sync>`."""
@@ -349,7 +349,7 @@ class PromiseCoordinator:
             return False
         node = member.node
         return node.num_merged > 0 or (node.parent is not None and
-                                       node.parent.blocked_since is not None)
+                                       node.parent.parked_since is not None)
 
     # Events.
 
@@ -417,7 +417,7 @@ class PromiseCoordinator:
             self._merge(member, length)
             return True
         member.parked_length = length
-        node.blocked_since = self._parked[member_id] = time.monotonic()
+        node.parked_since = self._parked[member_id] = time.monotonic()
         self.metrics.syncs_blocked.inc()
         self.metrics.parents_parked.inc()
         self.adapter.park(member_id)
@@ -469,7 +469,7 @@ class PromiseCoordinator:
             return
         self.metrics.children_running.dec()
         parent = node.parent
-        if (parent.blocked_since is not None and not parent.is_finished
+        if (parent.parked_since is not None and not parent.is_finished
                 and all(child.is_finished
                         for child in parent.unmerged_children())):
             parent_member = self._members[parent.request_id]
@@ -555,11 +555,11 @@ class PromiseCoordinator:
 
     def _unpark(self, node: TreeNode) -> None:
         """Observes how long ``node`` was parked; it is parked no more."""
-        if node.blocked_since is not None:
+        if node.parked_since is not None:
             self.metrics.blocked_time.observe(time.monotonic() -
-                                              node.blocked_since)
+                                              node.parked_since)
             self.metrics.parents_parked.dec()
-            node.blocked_since = None
+            node.parked_since = None
             del self._parked[node.request_id]
 
     def _forget(self, member: _Member) -> None:

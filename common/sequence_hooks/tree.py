@@ -5,7 +5,7 @@
 Engine-neutral: it imports no vLLM module. Only the lifecycle
 (`sequence_hooks.lifecycle.PromiseCoordinator`) changes a tree, whichever
 engine runs it: its structure and results through `PromiseTreeState`'s
-methods, its own bookkeeping (`TreeNode.blocked_since`,
+methods, its own bookkeeping (`TreeNode.parked_since`,
 `PromiseTreeState.num_refused`) by assignment. Users get `PromiseNode`
 snapshots, which never change once made.
 """
@@ -227,7 +227,7 @@ class TreeNode:
     cumulative_logprob: Optional[float] = None
     # When it was last parked by <sync> (time.monotonic()); None while not
     # parked.
-    blocked_since: Optional[float] = field(default=None, repr=False)
+    parked_since: Optional[float] = field(default=None, repr=False)
 
     @property
     def is_finished(self) -> bool:

@@ -36,7 +36,7 @@ def test_aborting_a_request_aborts_its_tree(hooked_llm, hook_ids):
     for _ in range(5):
         engine.step()
     scheduler = engine.scheduler[0]
-    assert "abort-me" in scheduler.blocked
+    assert "abort-me" in scheduler.parked
     assert len(engine.seq_id_to_seq_group) == 1
     engine.abort_request("abort-me")
     engine.step()

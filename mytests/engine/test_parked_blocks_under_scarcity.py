@@ -70,7 +70,7 @@ def run(llm, ids, **sampling):
     parked_without_blocks = []
 
     def observe(outputs) -> None:
-        parent = scheduler.blocked.get("tree")
+        parent = scheduler.parked.get("tree")
         parked_without_blocks.append(
             parent is not None and parent.first_seq.seq_id
             not in scheduler.block_manager.block_tables)

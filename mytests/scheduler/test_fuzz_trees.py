@@ -92,7 +92,7 @@ def test_random_trees_leave_nothing_behind(tiny_tokenizer_path, hook_ids,
             harness.scheduler.abort_seq_group(victim,
                                               harness.seq_id_to_seq_group)
         harness.step(choose=choose)
-        for group in harness.scheduler.blocked.values():
+        for group in harness.scheduler.parked.values():
             assert group.first_seq.status == SequenceStatus.BLOCKED
     else:
         raise AssertionError(f"not done after {MAX_STEPS} steps: {case}")
@@ -101,7 +101,7 @@ def test_random_trees_leave_nothing_behind(tiny_tokenizer_path, hook_ids,
     scheduler = harness.scheduler
     assert harness.free_blocks() == free_blocks
     assert not (scheduler.running or scheduler.waiting or scheduler.swapped
-                or scheduler.blocked)
+                or scheduler.parked)
     assert harness.seq_id_to_seq_group == {}
     finished = [output.request_id for output in harness.finished_outputs]
     assert_fuzz_outcome(roots, aborted, finished, harness.output_request_ids)

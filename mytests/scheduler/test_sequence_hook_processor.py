@@ -85,7 +85,7 @@ def test_sync_parks_the_parent_until_its_child_finishes(harness, hook_ids):
 
     assert parent.first_seq.status == SequenceStatus.BLOCKED
     assert not parent.is_finished()
-    assert harness.scheduler.blocked == {"0": parent}
+    assert harness.scheduler.parked == {"0": parent}
     assert parent not in harness.scheduler.running
     blocks = harness.block_ids(parent)
 
@@ -104,7 +104,7 @@ def test_sync_parks_the_parent_until_its_child_finishes(harness, hook_ids):
     # Merged and resumed: <sync> plus the merged tokens are uncomputed.
     seq = parent.first_seq
     assert seq.status == SequenceStatus.RUNNING
-    assert parent in harness.scheduler.running and not harness.scheduler.blocked
+    assert parent in harness.scheduler.running and not harness.scheduler.parked
     assert seq.get_output_token_ids()[-3:] == (hook_ids.sync,
                                                word(harness, "the"), cat)
     assert seq.data.get_num_uncomputed_tokens() == 3
@@ -130,7 +130,7 @@ def test_sync_after_children_finished_merges_at_once(harness, hook_ids):
     harness.step({"0": hook_ids.sync})
     seq = parent.first_seq
     assert seq.status == SequenceStatus.RUNNING
-    assert not harness.scheduler.blocked
+    assert not harness.scheduler.parked
     # The child sampled only EOS: an empty text merges as no tokens.
     assert seq.get_last_token_id() == hook_ids.sync
     assert [(s.num_tokens, s.is_prompt)
@@ -186,7 +186,7 @@ def test_parent_finishing_aborts_its_live_children(harness, hook_ids):
     assert child.first_seq.status == SequenceStatus.FINISHED_ABORTED
     assert child_node.finish_reason == "abort"
     assert second_node.finish_reason == "abort"
-    assert not harness.scheduler.running and not harness.scheduler.blocked
+    assert not harness.scheduler.running and not harness.scheduler.parked
     assert harness.free_blocks() == free_before
     harness.step()
     assert harness.seq_id_to_seq_group == {}
@@ -201,10 +201,10 @@ def test_aborting_the_request_aborts_the_whole_tree(harness, hook_ids):
     grandchild_id = harness.live_group(
         child_id).first_seq.promise_tree.nodes[child_id].children[0].request_id
     harness.step({child_id: hook_ids.sync})
-    assert set(harness.scheduler.blocked) == {"0", child_id}
+    assert set(harness.scheduler.parked) == {"0", child_id}
 
     harness.scheduler.abort_seq_group("0", harness.seq_id_to_seq_group)
-    assert not harness.scheduler.blocked and not harness.scheduler.running
+    assert not harness.scheduler.parked and not harness.scheduler.running
     assert parent.first_seq.status == SequenceStatus.FINISHED_ABORTED
     assert harness.free_blocks() == free_before
     assert set(harness.scheduler.get_and_reset_finished_requests_ids()) == {
@@ -327,7 +327,7 @@ def test_parked_parents_are_evicted_rather_than_deadlock(
     harness.step()
     harness.step({"a": hook_ids.promise, "b": hook_ids.promise})
     harness.step({"a": hook_ids.sync, "b": hook_ids.sync})
-    assert set(harness.scheduler.blocked) == {"a", "b"}
+    assert set(harness.scheduler.parked) == {"a", "b"}
     run_until_done(harness)
     assert harness.free_blocks() == 12
     assert sorted(o.request_id for o in harness.finished_outputs) == ["a", "b"]

@@ -89,7 +89,7 @@ def assert_engine_clean(llm) -> None:
     scheduler = engine.scheduler[0]
     block_manager = scheduler.block_manager
     assert not engine.has_unfinished_requests()
-    assert not scheduler.blocked
+    assert not scheduler.parked
     assert engine.seq_id_to_seq_group == {}
     assert (block_manager.get_num_free_gpu_blocks() ==
             block_manager.num_total_gpu_blocks)

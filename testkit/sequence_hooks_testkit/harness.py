@@ -181,11 +181,11 @@ class HookHarness:
         """Every parked group has an unfinished child: a child's finish
         unparks its parent once none is left. So parked groups never need
         counting as unfinished work of their own."""
-        for request_id, group in self.scheduler.blocked.items():
+        for request_id, group in self.scheduler.parked.items():
             node = group.first_seq.promise_tree.nodes[request_id]
             assert any(not child.is_finished
                        for child in node.unmerged_children()), request_id
-        assert not self.scheduler.blocked or (
+        assert not self.scheduler.parked or (
             self.scheduler.has_unfinished_seqs())
 
     def _make_output(self, group: SequenceGroup) -> None:
@@ -209,7 +209,7 @@ class HookHarness:
             for group in queue:
                 if group.request_id == request_id:
                     return group
-        return self.scheduler.blocked[request_id]
+        return self.scheduler.parked[request_id]
 
 
 def make_harness(path: Path,

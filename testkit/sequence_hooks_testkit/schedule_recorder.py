@@ -67,7 +67,7 @@ class ScheduleRecorder:
     def _recording_schedule(self):
         metadata, outputs, allow_async = self._schedule()
         step = ScheduledStep(
-            parked=list(getattr(self.scheduler, "blocked", {})))
+            parked=list(getattr(self.scheduler, "parked", {})))
         block_size = self.scheduler.cache_config.block_size
         for m, scheduled in zip(metadata, outputs.scheduled_seq_groups):
             seq = scheduled.seq_group.first_seq

@@ -37,12 +37,12 @@ class SchedulerHooks(Protocol):
 
 
 class SequenceHookScheduler(Scheduler):
-    """Scheduler with a parking place for blocked sequence groups.
+    """Scheduler with a parking place for sequence groups waiting at a sync.
 
     A group whose sequence sampled `<sync>` while it has unfinished children
     is parked: its sequence is `SequenceStatus.BLOCKED`, it keeps its KV
     blocks, and it is in none of the waiting/running/swapped queues, so it is
-    not scheduled until `unblock` puts it back. Children join the running
+    not scheduled until `unpark` puts it back. Children join the running
     queue directly, sharing their parent's blocks. When nothing can run
     because parked groups hold the blocks a waiting group needs, the most
     recently parked ones are evicted (their blocks freed, to be recomputed
@@ -61,14 +61,14 @@ class SequenceHookScheduler(Scheduler):
 
     It reports to the engine's hooks (`SchedulerHooks`) what it scheduled,
     ignored and aborted, and asks them which groups are on a critical path;
-    the hooks drive it through `admit_child`, `prefill_tail`, `block`,
-    `unblock` and `abort_seq_group`.
+    the hooks drive it through `admit_child`, `prefill_tail`, `park`,
+    `unpark` and `abort_seq_group`.
     """
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # Parked groups by request id, in the order they were parked.
-        self.blocked: Dict[str, SequenceGroup] = {}
+        self.parked: Dict[str, SequenceGroup] = {}
         # Parked groups whose blocks were freed; they resume by recompute.
         self._evicted: Set[str] = set()
         # Sequences whose uncomputed tail the next step prefills.
@@ -128,8 +128,8 @@ class SequenceHookScheduler(Scheduler):
         """
         self._tails_to_prefill.append(seq)
 
-    def block(self, seq_group: SequenceGroup) -> None:
-        """Parks a running group until `unblock`.
+    def park(self, seq_group: SequenceGroup) -> None:
+        """Parks a running group until `unpark`.
 
         A parked group always has an unfinished child in a queue (the last
         child's finish unparks it), so the stock `has_unfinished_seqs` stays
@@ -137,11 +137,11 @@ class SequenceHookScheduler(Scheduler):
         """
         self.running.remove(seq_group)
         seq_group.first_seq.status = SequenceStatus.BLOCKED
-        self.blocked[seq_group.request_id] = seq_group
+        self.parked[seq_group.request_id] = seq_group
 
-    def unblock(self, seq_group: SequenceGroup) -> None:
+    def unpark(self, seq_group: SequenceGroup) -> None:
         """Puts a parked group back: running, or waiting if evicted."""
-        del self.blocked[seq_group.request_id]
+        del self.parked[seq_group.request_id]
         if seq_group.request_id in self._evicted:
             self._evicted.remove(seq_group.request_id)
             seq_group.first_seq.status = SequenceStatus.WAITING
@@ -267,7 +267,7 @@ class SequenceHookScheduler(Scheduler):
         full blocks back from the prefix cache unless they were reused.
         """
         # Runs every step: the cheap checks go before `can_allocate`.
-        while self.waiting and len(self._evicted) < len(self.blocked):
+        while self.waiting and len(self._evicted) < len(self.parked):
             if self.cache_config.enable_prefix_caching:
                 if len(self.running) >= self.scheduler_config.max_num_seqs:
                     return
@@ -295,7 +295,7 @@ class SequenceHookScheduler(Scheduler):
             Whether a group was evicted.
         """
         holders = [
-            seq_group for request_id, seq_group in self.blocked.items()
+            seq_group for request_id, seq_group in self.parked.items()
             if request_id not in self._evicted
         ]
         if not holders:
@@ -323,11 +323,11 @@ class SequenceHookScheduler(Scheduler):
         # input failed) stands for its whole request, whose id the stock
         # abort matches.
         request_ids |= {groups[r].group_id for r in request_ids if r in groups}
-        for parked_id in list(self.blocked):
+        for parked_id in list(self.parked):
             real_id = (groups[parked_id].group_id
                        if parked_id in groups else parked_id)
             if real_id in request_ids:
-                self.unblock(self.blocked[parked_id])
+                self.unpark(self.parked[parked_id])
         tree_groups = [
             seq_group for queue in (self.waiting, self.running, self.swapped)
             for seq_group in queue
@@ -342,4 +342,4 @@ class SequenceHookScheduler(Scheduler):
         self._report_kv_usage()
 
     def get_num_unfinished_seq_groups(self) -> int:
-        return super().get_num_unfinished_seq_groups() + len(self.blocked)
+        return super().get_num_unfinished_seq_groups() + len(self.parked)

@@ -246,7 +246,7 @@ class V0PromiseAdapter:
         self.registry[child.request_id] = parent_seq.promise_tree
 
     def park(self, member_id: str) -> None:
-        self.scheduler.block(self.groups[member_id])
+        self.scheduler.park(self.groups[member_id])
 
     def resume(self, member_id: str, resume: Resume) -> bool:
         seq_group = self.groups[member_id]
@@ -263,7 +263,7 @@ class V0PromiseAdapter:
         self._append_given_tokens(seq, params, resume.token_ids,
                                   resume.token_logprob)
         if seq.status == SequenceStatus.BLOCKED:
-            self.scheduler.unblock(seq_group)
+            self.scheduler.unpark(seq_group)
         return reseeded
 
     def abort(self, member_ids: List[str]) -> None:
