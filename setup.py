@@ -10,6 +10,7 @@ upstream vLLM; the tree is assembled here if it is missing.
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,9 +38,13 @@ if TARGET not in ("cpu", "cuda"):
     raise SystemExit(f"VLLM_TARGET_DEVICE={TARGET!r}: this fork builds for "
                      "'cpu' or 'cuda'")
 if not BUILD_INFO.exists():
-    sys.path.insert(0, str(ROOT / "fork"))
-    import build_fork
-    build_fork.assemble(TARGET)
+    # The build script stands alone (standard library only): run, not
+    # imported, since fork/ is not a package.
+    subprocess.run([
+        sys.executable,
+        str(ROOT / "fork" / "build_fork.py"), "--target", TARGET
+    ],
+                   check=True)
 info = json.loads(BUILD_INFO.read_text())
 
 setup(

@@ -64,6 +64,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 # stdout is the report's (one JSON line); logs go to stderr.
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
+import rl_experiment as experiment  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 import trl  # noqa: E402
@@ -72,11 +73,9 @@ from trl import GRPOConfig  # noqa: E402
 from vllm_sequence_hooks.rl import PromiseTreeGRPOTrainer  # noqa: E402
 
 import vllm  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import capitals_task as task  # noqa: E402
-import prepare_base_model as prepare  # noqa: E402
-import rl_experiment as experiment  # noqa: E402
+from sequence_hooks_testkit.training import capitals_task as task  # noqa: E402
+from sequence_hooks_testkit.training import (  # noqa: E402
+    prepare_base_model as prepare)
 
 ROOT = Path(__file__).resolve().parent.parent
 EVAL = ROOT / "models" / "rl_eval.py"

@@ -30,10 +30,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ["VLLM_CPU_KVCACHE_SPACE"] = "2"
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
-import capitals_task as task  # noqa: E402
 import rl_experiment as experiment  # noqa: E402
 from vllm_sequence_hooks import hooked_engine_args, promise_tree  # noqa: E402
 
+from sequence_hooks_testkit.training import capitals_task as task  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
 # Prompt (about 60 tokens) and the longest completion.

@@ -28,7 +28,7 @@ from math import comb
 from pathlib import Path
 from typing import Any, Optional
 
-import capitals_task as task
+from sequence_hooks_testkit.training import capitals_task as task
 
 ARMS = {
     "A": "every node (PromiseTreeGRPOTrainer)",
@@ -72,7 +72,8 @@ RAW_KEYS = ("commit", "code_dirty", "steps", "minutes", "settings", "log",
 # The files the experiment's code is: a part records whether they differed
 # from its commit when it ran.
 CODE_FILES = ("models/rl_capitals.py", "models/rl_eval.py",
-              "models/rl_experiment.py", "models/capitals_task.py",
+              "models/rl_experiment.py",
+              "testkit/sequence_hooks_testkit/training/capitals_task.py",
               "v1/vllm_sequence_hooks/rl.py")
 
 

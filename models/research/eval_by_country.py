@@ -16,15 +16,12 @@ Usage: .venv/bin/python models/research/eval_by_country.py
 
 import argparse
 import json
-import sys
 from collections import defaultdict
-from pathlib import Path
 from typing import Optional
 
-# The real model's set-up and task (models/) are one folder up.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import capitals_task as task  # noqa: E402
-import eval_real_model as evaluation  # noqa: E402
+import eval_real_model as evaluation
+
+from sequence_hooks_testkit.training import capitals_task as task
 
 FORMS = ("parallel", "sequential")
 

@@ -31,7 +31,6 @@ import json
 import os
 import random
 import re
-import sys
 import time
 from math import comb
 from pathlib import Path
@@ -39,10 +38,8 @@ from typing import Optional
 
 import torch
 
-# The real model's set-up and task (models/) are one folder up.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import capitals_task as task  # noqa: E402
-import prepare_base_model as prepare  # noqa: E402
+from sequence_hooks_testkit.training import capitals_task as task
+from sequence_hooks_testkit.training import prepare_base_model as prepare
 
 MAX_MODEL_LEN = 512
 MAX_TOKENS = 320

@@ -20,7 +20,7 @@ facts (`--all-countries` trains those capitals too).
 Trained: a LoRA adapter on every linear layer of the top blocks
 (`--lora-first-block`), and the embedding rows of the three hook tokens
 (tied to the output layer). Written to ``--out``: the adapter (bf16) and
-the new rows, which `models/prepare_base_model.py` merges into the base
+the new rows, which `sequence_hooks_testkit.training.prepare_base_model` merges into the base
 checkpoint.
 
 Usage: .venv/bin/python models/research/train_real_model.py [--out DIR]
@@ -30,16 +30,13 @@ Usage: .venv/bin/python models/research/train_real_model.py [--out DIR]
 
 import argparse
 import random
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-# The real model's set-up and task (models/) are one folder up.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import capitals_task as task  # noqa: E402
-import prepare_base_model as prepare  # noqa: E402
+from sequence_hooks_testkit.training import capitals_task as task
+from sequence_hooks_testkit.training import prepare_base_model as prepare
 
 LORA_RANK = 16
 LORA_TARGETS = [

@@ -11,12 +11,13 @@ text), then damaged one way at a time.
 import json
 import random
 
-import capitals_task as task
 import eval_by_country
 import eval_real_model as evaluation
-import prepare_base_model as prepare
 import pytest
 from train_real_model import RowMaker
+
+from sequence_hooks_testkit.training import capitals_task as task
+from sequence_hooks_testkit.training import prepare_base_model as prepare
 
 TASK = task.Task(("Peru", "Guinea-Bissau", "Chile"), True)
 CAPITALS = [task.CAPITALS[c] for c in TASK.countries]

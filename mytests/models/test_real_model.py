@@ -18,14 +18,14 @@ engine: the protocol end to end with a BPE tokenizer and a chat template.
   served answer and tree equal the offline engine's for the same messages.
 """
 
-import capitals_task as task
 import eval_real_model as evaluation
-import prepare_base_model as prepare
 import pytest
 import requests
 
 from sequence_hooks_testkit.scripted_hooks import ScriptedHooks
 from sequence_hooks_testkit.server import running_server
+from sequence_hooks_testkit.training import capitals_task as task
+from sequence_hooks_testkit.training import prepare_base_model as prepare
 from vllm import SamplingParams
 
 # One task per size 2..5: a handful of prompts in one batch.

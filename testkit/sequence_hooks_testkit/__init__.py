@@ -18,5 +18,6 @@ processors) and `v1_batch_queue` (a model-free V1 engine core).
 
 Subpackages for the other audiences: `bench` (benchmarks: their shared
 runs, the client-side join they measure the hooks against, the timeline
-picture) and `training` (the embedded toy model's task and evaluation).
+picture) and `training` (the two models' tasks, the toy model's
+evaluation and the real model's set-up).
 """

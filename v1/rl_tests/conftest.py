@@ -8,7 +8,6 @@ that writes promise trees of its own: `./dev setup` prepares it.
 """
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
-sys.path.insert(0, str(MODELS))
-
 
 @pytest.fixture(scope="session")
 def real_model() -> Path:
-    import prepare_base_model as prepare
+    from sequence_hooks_testkit.training import prepare_base_model as prepare
     path = prepare.model_dir()
     if not (path / prepare.DONE).exists():
         pytest.fail(f"{path} is not prepared: run ./dev setup first "

@@ -6,9 +6,10 @@ computed from per-task results, and the summary that recomputes them."""
 
 import json
 
-import capitals_task as task
 import pytest
 import rl_experiment as experiment
+
+from sequence_hooks_testkit.training import capitals_task as task
 
 
 def answer(countries: list[str], capitals: list[str]) -> str:

@@ -9,13 +9,14 @@ One trainer for the module; the tests run in order, the last trains.
 import logging
 import random
 
-import capitals_task as task
 import pytest
 import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
 from vllm_sequence_hooks.rl import TREE_KEY, PromiseTreeGRPOTrainer
+
+from sequence_hooks_testkit.training import capitals_task as task
 
 # Largest difference allowed between the engine's logprob of a sampled
 # token and the trainer's recomputation (both fp32; vLLM's CPU kernels

@@ -25,7 +25,6 @@ from transformers import AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 V0_PYTHON = ROOT / ".venv" / "bin" / "python"
-PREPARE = ROOT / "models" / "prepare_base_model.py"
 DEMO = ROOT / "examples" / "demo.py"
 # vLLM's log lines (on stdout), from any of its processes.
 LOG_LINE = re.compile(r"(\(\w+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR) ")
@@ -53,7 +52,9 @@ def real_model() -> Path:
     if not V0_PYTHON.exists():
         pytest.fail("the real model is prepared with the V0 venv: run "
                     "./dev setup first (./dev test-v1 does)")
-    out = subprocess.run([str(V0_PYTHON), str(PREPARE)],
+    out = subprocess.run([
+        str(V0_PYTHON), "-m", "sequence_hooks_testkit.training.prepare_base_model"
+    ],
                          check=True,
                          capture_output=True,
                          text=True).stdout

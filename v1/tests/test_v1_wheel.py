@@ -95,8 +95,10 @@ def user_venv(tmp_path_factory) -> Path:
 
 
 def test_the_wheel_alone_brings_everything_the_plugin_imports(user_venv):
-    code = ("import importlib.metadata as m, json, sequence_hooks, "
-            "vllm_sequence_hooks\n"
+    """Everything serving imports, no test kit, no editable install; TRL
+    only as the `rl` extra (the trainer is not imported to serve)."""
+    code = ("import importlib.metadata as m, importlib.util, json, "
+            "sequence_hooks, vllm_sequence_hooks\n"
             "try:\n"
             "    import sequence_hooks_testkit\n"
             "    testkit = True\n"
@@ -104,6 +106,8 @@ def test_the_wheel_alone_brings_everything_the_plugin_imports(user_venv):
             "    testkit = False\n"
             "print(json.dumps({'files': [sequence_hooks.__file__, "
             "vllm_sequence_hooks.__file__], 'testkit': testkit, "
+            "'trl': importlib.util.find_spec('trl') is not None, "
+            "'requires': m.requires('vllm-sequence-hooks'), "
             "'plugins': sorted(e.value for e in m.entry_points("
             "group='vllm.general_plugins') if "
             "e.value.startswith('vllm_sequence_hooks'))}))")
@@ -117,6 +121,10 @@ def test_the_wheel_alone_brings_everything_the_plugin_imports(user_venv):
     site = str(user_venv / "lib")
     assert all(path.startswith(site) for path in found["files"]), found
     assert not found["testkit"]
+    assert not found["trl"]
+    assert any(
+        r.startswith("trl") and 'extra == "rl"' in r
+        for r in found["requires"]), found["requires"]
     assert found["plugins"] == ["vllm_sequence_hooks.engine_args:register"]
     editable = subprocess.run(
         [str(user_venv / "bin" / "pip"), "list", "--editable"],

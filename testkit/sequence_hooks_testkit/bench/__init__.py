@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The test kit's part for benchmarks (benchmarks/, v1/benchmarks/) and the
+"""The test kit's part for benchmarks (benchmarks/, benchmarks/v1/) and the
 demo's picture.
 
 Modules: `runs` (what the benchmarks share: the V0 CPU set-up, a tiny test

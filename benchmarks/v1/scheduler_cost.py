@@ -15,7 +15,7 @@ one run, each on the same requests:
   parked at its `<sync>` while its children decode, so the running
   requests are children (the same number as the plain sides' requests).
 
-Usage: .venv-v1/bin/python v1/benchmarks/scheduler_cost.py [--out FILE]
+Usage: .venv-v1/bin/python benchmarks/v1/scheduler_cost.py [--out FILE]
 """
 
 import argparse

@@ -29,11 +29,11 @@ import random
 import statistics
 import time
 
-import capitals_task as task
 import eval_real_model as evaluation
-import prepare_base_model as prepare
 
 from sequence_hooks_testkit.bench.runs import count_steps, report
+from sequence_hooks_testkit.training import capitals_task as task
+from sequence_hooks_testkit.training import prepare_base_model as prepare
 
 
 def sampled_tokens(output) -> int:

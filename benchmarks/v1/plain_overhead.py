@@ -21,9 +21,9 @@ server's process tree; the CPU of the busy engine core is the step's
 cost, so its ratio prices the hooks' per-step work). The texts must be
 equal on both servers and the plugin must spawn nothing.
 
-Usage: .venv-v1/bin/python v1/benchmarks/plain_overhead.py [--rounds 10]
+Usage: .venv-v1/bin/python benchmarks/v1/plain_overhead.py [--rounds 10]
     [--block-size 0] [--k 4] [--in-flight 32]
-    [--out v1/benchmarks/results/plain_overhead.json]
+    [--out benchmarks/v1/results/plain_overhead.json]
 """
 
 import argparse

@@ -1,15 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""No import cycle among our own modules.
+"""The import structure of our own code: layered, without cycles, and
+nothing imported by path.
 
 Parses (never imports) every module of ours: the fork's modules (`vllm/`,
 at their upstream paths), the engine-neutral package (`common/`), the V1
 plugin (`v1/vllm_sequence_hooks`), the test kit with its subpackages
 (`testkit/`) and the scripts that import each other by name (`fork/`,
-`models/`, `models/research/`). Every import of one of them is an edge,
-wherever it stands: at module level, under `if TYPE_CHECKING:` or inside a
-function (an import deferred to dodge a cycle is still a cycle). Upstream
-vLLM's modules are not nodes, so only imports between ours count.
+`models/`, `models/research/`, `benchmarks/v0/`, `benchmarks/v1/`,
+`examples/`). Every import of one of them is an edge, wherever it stands:
+at module level, under `if TYPE_CHECKING:` or inside a function (an import
+deferred to dodge a cycle is still a cycle). Upstream vLLM's modules are
+not nodes, so only imports between ours count.
+
+The layers, from the ground up: the product (fork modules, `common/`, the
+plugin), the test kit, then the scripts (benchmarks, training, examples).
+An import runs from a layer to one below it or within it, never up.
 """
 
 import ast
@@ -24,7 +30,12 @@ PACKAGES = {
     ROOT / "testkit": "sequence_hooks_testkit",
 }
 # Folders of scripts that import each other as top-level modules.
-SCRIPT_FOLDERS = (ROOT / "fork", ROOT / "models", ROOT / "models" / "research")
+SCRIPT_FOLDERS = (ROOT / "fork", ROOT / "models", ROOT / "models" / "research",
+                  ROOT / "benchmarks" / "v0", ROOT / "benchmarks" / "v1",
+                  ROOT / "examples")
+# The product's packages, then the test kit's: the layers below the scripts.
+PRODUCT = ("vllm", "sequence_hooks", "vllm_sequence_hooks")
+TEST_KIT = ("sequence_hooks_testkit", )
 
 
 def our_modules() -> dict[str, Path]:
@@ -132,9 +143,11 @@ def test_the_graph_covers_every_root():
     graph = import_graph()
     for package in PACKAGES.values():
         assert any(m.split(".")[0] == package for m in graph), package
-    scripts = {"build_fork", "prepare_base_model", "eval_real_model"}
+    scripts = {"build_fork", "eval_real_model", "http_peers", "demo"}
     assert scripts <= set(graph)
-    assert "capitals_task" in graph["eval_by_country"]
+    assert ("sequence_hooks_testkit.training.capitals_task"
+            in graph["eval_by_country"])
+    assert "http_peers" in graph["profile_peers"]
 
 
 def test_imports_of_every_kind_are_edges(tmp_path):
@@ -158,3 +171,47 @@ def test_no_import_cycle_among_our_modules():
     found = cycles(import_graph())
     message = "\n".join(" -> ".join(cycle) for cycle in found)
     assert not found, f"import cycles:\n{message}"
+
+
+def layer(module: str) -> int:
+    """0 for the product, 1 for the test kit, 2 for the scripts."""
+    package = module.split(".")[0]
+    if package in PRODUCT:
+        return 0
+    return 1 if package in TEST_KIT else 2
+
+
+def test_imports_never_run_up_a_layer():
+    upward = sorted(f"{module} -> {other}"
+                    for module, imports in import_graph().items()
+                    for other in imports if layer(other) > layer(module))
+    assert not upward, "imports from a lower layer to a higher one:\n" + (
+        "\n".join(upward))
+
+
+def path_edits(path: Path) -> list[int]:
+    """The lines of ``path`` that reach ``sys.path``."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Attribute) and node.attr == "path"
+        and isinstance(node.value, ast.Name) and node.value.id == "sys"
+    ]
+
+
+def test_nothing_is_imported_by_path(tmp_path):
+    """Only test configuration (a conftest, pyproject's `pythonpath`)
+    extends the import path: the code imports what is installed."""
+    edit = tmp_path / "script.py"
+    edit.write_text("import sys\nsys.path.insert(0, 'x')\n")
+    assert path_edits(edit) == [2]
+    folders = [*SCRIPT_FOLDERS, *(f / p for f, p in PACKAGES.items())]
+    files = [ROOT / "setup.py"] + [
+        path for folder in folders
+        for path in folder.rglob("*.py") if path.name != "conftest.py"
+    ]
+    edits = [
+        f"{path.relative_to(ROOT)}:{line}" for path in files
+        for line in path_edits(path)
+    ]
+    assert not edits, f"sys.path edited outside test configuration: {edits}"

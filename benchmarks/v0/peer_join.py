@@ -27,7 +27,7 @@ row names them. In one run, sides alternating:
 On the tiny test model (default) the work is scripted: a parent writes a
 tokens, promises k children of m tokens, syncs and writes n tokens, over
 distinct random prompts. With ``--model`` (the real model) it is the
-capitals task (`models/capitals_task.py`): the model's own promises over
+capitals task (`sequence_hooks_testkit.training.capitals_task`): the model's own promises over
 chat prompts of k countries, parallel form; plain requests are the
 sequential form.
 
@@ -44,7 +44,6 @@ import json
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from contextlib import ExitStack
@@ -75,8 +74,6 @@ TINY_MAX_MODEL_LEN = 1024
 # Tokens of the model length a tiny prompt may take.
 TINY_PROMPT_ROOM = 64
 REAL_MAX_TOKENS = 256
-# The real model's task (capitals_task.py) is in models/.
-MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
 @dataclass
@@ -123,8 +120,7 @@ class Workload:
                                    promise_token_id=promise,
                                    child_role_token_id=child)
         if self.real:
-            sys.path.insert(0, str(MODELS))
-            import capitals_task
+            from sequence_hooks_testkit.training import capitals_task
             self.capitals = capitals_task
 
     def fan_out(self, k: int, index: int) -> Task:
