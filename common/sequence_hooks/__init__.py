@@ -5,7 +5,8 @@
 The engine-neutral part, shared by the V0 fork, the V1 plugin and the
 client-side join: the configuration users give (`SpecialKwargs`), the
 lifecycle every engine runs (`lifecycle.PromiseCoordinator` and the
-`lifecycle.EngineAdapter` each engine implements), the tree users get back
+`lifecycle.EngineAdapter` each engine implements), what schedulers put
+first (`ordering`: both hand it their queues), the tree users get back
 (`PromiseNode`), flattened for training (`training_records`). It imports
 no vLLM module.
 """

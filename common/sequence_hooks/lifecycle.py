@@ -9,7 +9,9 @@ KV, how a park keeps blocks, how a resume prefills). The V0 fork, the V1
 plugin and the client-side join are its three adapters.
 
 Events (engine -> coordinator):
-- `promise(M, length, params)`: member M sampled `<promise>`;
+- `sampled(M, token, length, params)`: member M sampled a token, which the
+  coordinator tells apart (the engines' adapters call this):
+- `promise(M, length, params)`: M sampled `<promise>`;
 - `sync(M, length)`: M sampled `<sync>`;
 - `finished(M, reason, result)`: M stopped or ran out of room;
 - `aborted(M)`: the engine aborted M's request from outside.
@@ -39,7 +41,7 @@ children merged so far, this merge's included.
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
@@ -281,6 +283,31 @@ class PromiseCoordinator:
         # When each parked member was parked, by request id.
         self._parked: dict[str, float] = {}
 
+    @classmethod
+    def for_tokenizer(cls,
+                      special_kwargs: SpecialKwargs,
+                      adapter: EngineAdapter,
+                      max_model_len: int,
+                      tokenizer: Any,
+                      metrics=None) -> "PromiseCoordinator":
+        """The coordinator of an engine whose tokenizer spells the hook
+        tokens (a Hugging Face tokenizer: `convert_ids_to_tokens`).
+
+        Args:
+            special_kwargs: The hook configuration, resolved to ids.
+            adapter: The engine's side of the lifecycle.
+            max_model_len: The engine's longest sequence.
+            tokenizer: The engine's tokenizer.
+            metrics: The hook metrics (`SequenceHookMetrics`), if exported.
+
+        Returns:
+            The coordinator.
+        """
+        return cls(
+            special_kwargs, adapter, max_model_len,
+            tokenizer.convert_ids_to_tokens(
+                sorted(special_kwargs.hook_token_ids)), metrics)
+
     # Queries.
 
     def tree_of(self, member_id: str) -> Optional[PromiseTreeState]:
@@ -330,6 +357,12 @@ class PromiseCoordinator:
             node = node.parent
         return found
 
+    def is_finished(self, member_id: str) -> bool:
+        """Whether ``member_id`` is a member of a live tree that finished
+        (its finish is recorded; the tree waits for others)."""
+        member = self._members.get(member_id)
+        return member is not None and member.node.is_finished
+
     def own_start(self, member_id: str) -> int:
         """Where a live member's own tokens start (its length then)."""
         return self._members[member_id].start
@@ -352,6 +385,22 @@ class PromiseCoordinator:
                                        node.parent.parked_since is not None)
 
     # Events.
+
+    def sampled(self, member_id: str, token_id: int, length: int,
+                params: Callable[[], RequestParams]) -> None:
+        """A member sampled ``token_id``: `<promise>` and `<sync>` are the
+        events `promise` and `sync`, any other token is none.
+
+        Args:
+            member_id: The sampling member (any request the first time).
+            token_id: The token it sampled last.
+            length: Its token count, the token included.
+            params: Reads its request's parameters (for a promise only).
+        """
+        if token_id == self.special_kwargs.promise_token_id:
+            self.promise(member_id, length, params())
+        elif token_id == self.special_kwargs.sync_token_id:
+            self.sync(member_id, length)
 
     def promise(self, member_id: str, length: int,
                 params: RequestParams) -> None:

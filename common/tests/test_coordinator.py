@@ -43,7 +43,7 @@ def test_the_package_imports_no_vllm():
     engine-neutral tools need only this package)."""
     code = ("import sys, sequence_hooks, sequence_hooks.lifecycle, "
             "sequence_hooks.tree, sequence_hooks.metrics, "
-            "sequence_hooks.training_records\n"
+            "sequence_hooks.ordering, sequence_hooks.training_records\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] == "
             "'vllm'))")
     out = subprocess.run([sys.executable, "-c", code],
@@ -322,3 +322,25 @@ def test_every_member_names_its_trees_root_until_the_tree_ends():
     ] == ["r", "r", "r", None]
     coordinator.aborted("r")
     assert coordinator.root_of("r/promise-1") is None
+
+
+def test_a_sampled_token_is_a_promise_a_sync_or_no_event():
+    """`sampled`, the one entry every adapter calls with a member's last
+    token; its request's parameters are read for a promise only."""
+    engine = FakeEngine()
+    start(engine)
+    coordinator = engine.coordinator
+    reads = []
+
+    def params():
+        reads.append(True)
+        return RequestParams(2, None)
+
+    coordinator.sampled("r", A, 3, params)
+    assert not coordinator.is_member("r") and not reads
+    coordinator.sampled("r", PROMISE, 4, params)
+    assert [spec.request_id for spec in engine.forks] == ["r/promise-0"]
+    assert reads == [True]
+    coordinator.sampled("r", SYNC, 5, params)
+    assert coordinator.is_parked("r") and reads == [True]
+    assert not coordinator.is_finished("r/promise-0")

@@ -10,8 +10,13 @@ requests are aborted. After every event both must agree on what the
 engine holds (each live member's tokens, which are parked), on every fork
 (id, parent, seed, budget, minimum, stop strings), every resume's seed,
 every abort and every reported tree (texts, tokens, merge spans,
-logprobs), and on the coordinator's queries and gauges. At the end every
-member is run to its finish: nothing may stay parked, tracked or counted.
+logprobs), and on the coordinator's queries and gauges. After every event
+the ordering policy (`sequence_hooks.ordering`) orders the members an
+engine would queue as the contract says: critical-path work and overdue
+requests by their root's arrival, then new requests in the engine's
+order, each counted once a step while behind critical-path work. At the
+end every member is run to its finish: nothing may stay parked, tracked or
+counted.
 """
 
 from fake_engine import OFFSET, PROMISE, SYNC, FakeEngine
@@ -22,6 +27,10 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
 from reference import ReferenceEngine
 
 from sequence_hooks.lifecycle import RequestParams
+from sequence_hooks.ordering import CriticalPathOrder, Queued
+
+# Steps a new member may be passed over, small so that programs pass it.
+BOUND = 2
 
 # Hook tokens as often as ordinary ones, so trees grow and join.
 TOKENS = [PROMISE, SYNC, OFFSET + ord("a"), OFFSET + ord("b")]
@@ -45,6 +54,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
         }
         self.engine = FakeEngine(limits, max_model_len, reseeds, show_hooks)
         self.reference = ReferenceEngine(limits, max_model_len, reseeds)
+        self.order = CriticalPathOrder(self.engine.coordinator, BOUND, False)
         self.num_requests = 0
         self.add_request(2, None, 0, None, (), False)
 
@@ -159,6 +169,34 @@ class CoordinatorMachine(RuleBasedStateMachine):
         assert metrics.children_running.value == reference.children_running()
         assert metrics.promises_spawned.value == reference.spawned()
         assert metrics.promises_refused.value == reference.refused()
+
+    @invariant()
+    def queues_are_ordered_by_the_contract(self):
+        """The members an engine would queue (in the order it keeps them,
+        here by id), as the policy orders them, against the rule written
+        out; a request's arrival is its number, a member's its root's."""
+        reference = self.reference
+        queue = sorted(reference.runnable())
+
+        def arrival(member_id: str) -> int:
+            return int(member_id.split("/")[0].split("-")[1])
+
+        owed = dict(self.order.steps_passed_over)
+        if not self.order.begin_step(set(queue)):
+            assert not any(map(reference.on_critical_path, queue))
+            return
+        ordered = self.order.waiting(
+            [Queued(i, 0, float(arrival(i))) for i in queue],
+            lambda queued: queued)
+        critical = [i for i in queue if reference.on_critical_path(i)]
+        first = [i for i in queue if i in critical or owed.get(i, 0) >= BOUND]
+        new = [i for i in queue if i not in first]
+        assert [q.request_id
+                for q in ordered] == sorted(first, key=arrival) + new
+        assert self.order.steps_passed_over == {
+            i: owed.get(i, 0) + (1 if i in new and critical else 0)
+            for i in queue if owed.get(i, 0) or (i in new and critical)
+        }
 
     def teardown(self):
         """Runs every member to its finish: nothing stays behind."""

@@ -18,6 +18,8 @@ from sequence_hooks_testkit.engines import (assert_engine_clean, run_hooked,
                                             tiny_llm)
 from sequence_hooks_testkit.harness import make_harness
 from sequence_hooks_testkit.oracle import scripted
+from sequence_hooks_testkit.priority_case import (ADMITTED, ARRIVALS, CHILD,
+                                                  PRIORITY, WAITING)
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from vllm import SamplingParams
 from vllm.config import SpecialKwargs
@@ -70,7 +72,7 @@ def test_child_of_a_parked_parent_is_admitted_before_a_new_request(
     if critical_path_first:
         assert child_id in scheduled and "new" not in scheduled
         assert waiting_ids(harness) == ["new"]
-        assert harness.scheduler.steps_passed_over["new"] == 1
+        assert harness.scheduler.hooks.order.steps_passed_over["new"] == 1
     else:
         assert "new" in scheduled and child_id not in scheduled
         assert waiting_ids(harness) == [child_id]
@@ -99,14 +101,14 @@ def test_new_request_is_passed_over_at_most_for_the_bound(
         harness.step({"parent": hook_ids.promise})
     first, second, third = [node.request_id for node in children_of(parent)]
     harness.step({"parent": hook_ids.sync})
-    assert "new" not in harness.scheduler.steps_passed_over
+    assert "new" not in harness.scheduler.hooks.order.steps_passed_over
 
     # Three steps with the first child running: the new request waits
     # behind the other two children each time.
     for _ in range(3):
         scheduled = {s.request_id for s in harness.step()}
         assert first in scheduled and "new" not in scheduled
-    assert harness.scheduler.steps_passed_over["new"] == 3
+    assert harness.scheduler.hooks.order.steps_passed_over["new"] == 3
     assert waiting_ids(harness) == [second, third, "new"]
     harness.step({first: hook_ids.eos})
 
@@ -167,25 +169,29 @@ def test_children_take_their_roots_arrival_time_and_priority(
         assert group.priority == 3
 
 
-def test_with_the_priority_policy_priority_comes_before_the_critical_path(
+def test_with_the_priority_policy_priority_then_arrival_decide(
         tiny_tokenizer_path, hook_ids):
+    """The priority rule's case (`priority_case`), as V1 plays it."""
     harness = make_harness(tiny_tokenizer_path, hook_ids, {
         "max_num_seqs": 2,
         "policy": "priority"
     })
-    parent = harness.add("parent", PROMPT, params(), priority=1)
-    harness.add("busy", PROMPT, params(), priority=1)
+    parent = harness.add("parent", PROMPT, params(), priority=PRIORITY)
+    harness.add("busy", PROMPT, params(), priority=PRIORITY)
     harness.step()
-    harness.add("same", PROMPT, params(), priority=1)
-    harness.add("urgent", PROMPT, params(), priority=0)
+    for request_id, priority, after_parent in ARRIVALS:
+        harness.add(request_id,
+                    PROMPT,
+                    params(),
+                    priority=priority,
+                    arrival_time=parent.arrival_time + after_parent)
     harness.step({"parent": hook_ids.promise})
-    [child_id] = [node.request_id for node in children_of(parent)]
+    assert [node.request_id for node in children_of(parent)] == [CHILD]
     harness.step({"parent": hook_ids.sync})
 
     scheduled = {s.request_id for s in harness.step()}
-    assert "urgent" in scheduled
-    # Of equal priority, the child goes before the new request.
-    assert waiting_ids(harness) == [child_id, "same"]
+    assert scheduled == {"busy", ADMITTED}
+    assert waiting_ids(harness) == WAITING
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -50,6 +50,7 @@ def make_scheduler(scheduler_cls: type,
                    max_num_seqs: int = 64,
                    max_model_len: int = 512,
                    request_check: bool = True,
+                   policy: str = "fcfs",
                    **config: Any):
     """A real V1 scheduler of ``scheduler_cls`` with no model behind it.
 
@@ -64,6 +65,7 @@ def make_scheduler(scheduler_cls: type,
         max_model_len: Longest sequence.
         request_check: Whether `--logits-processors` names the hooks'
             request check (with ``special_kwargs`` only).
+        policy: The scheduling policy, "fcfs" or "priority".
         config: `VllmConfig` fields to set before the scheduler is made.
     """
     model_config = ModelConfig(
@@ -82,7 +84,8 @@ def make_scheduler(scheduler_cls: type,
                                          max_num_batched_tokens=max(
                                              2048, max_model_len),
                                          max_model_len=max_model_len,
-                                         is_encoder_decoder=False),
+                                         is_encoder_decoder=False,
+                                         policy=policy),
         additional_config=({} if special_kwargs is None else {
             "special_kwargs": special_kwargs
         }))
@@ -109,10 +112,15 @@ def make_scheduler(scheduler_cls: type,
         hash_block_size=block_size)
 
 
-def make_request(scheduler, request_id: str, prompt: list[int],
-                 max_tokens: int, eos: int, **params: Any) -> Request:
+def make_request(scheduler,
+                 request_id: str,
+                 prompt: list[int],
+                 max_tokens: int,
+                 eos: int,
+                 priority: int = 0,
+                 **params: Any) -> Request:
     """A request as the engine core makes one (block hashes for prefix
-    caching included)."""
+    caching included); ``params``: more `SamplingParams`."""
     hash_fn = get_hash_fn_by_name(
         scheduler.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
@@ -122,6 +130,7 @@ def make_request(scheduler, request_id: str, prompt: list[int],
                                                   stop_token_ids=[eos],
                                                   **params),
                    pooling_params=None,
+                   priority=priority,
                    block_hasher=get_request_block_hasher(
                        scheduler.block_size, hash_fn))
 

@@ -13,9 +13,11 @@ is overdue and ranks by arrival (the starvation bound).
 """
 
 import pytest
-from vllm_sequence_hooks.ordering import CRITICAL, NEW, CriticalPathOrder
-from vllm_sequence_hooks.scheduler import SequenceHookScheduler
+from vllm_sequence_hooks.scheduler import SequenceHookScheduler, queued
 
+from sequence_hooks.ordering import CRITICAL, NEW, OVERDUE, CriticalPathOrder
+from sequence_hooks_testkit.priority_case import (ADMITTED, ARRIVALS, CHILD,
+                                                  PRIORITY, WAITING)
 from sequence_hooks_testkit.v1_batch_queue import (FILLER, BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
@@ -99,22 +101,24 @@ def test_a_passed_over_request_is_overdue_after_the_bound(
     order = scheduler.order
     assert isinstance(order, CriticalPathOrder)
     ranks = {
-        request.request_id: rank
-        for rank, request in order._sorted(scheduler, scheduler.waiting)
+        request.request_id: order.rank(request.request_id)
+        for request in scheduler.waiting
     }
     assert ranks == {"tree/promise-0": CRITICAL, "new-0": NEW}
+
+    def admission_order() -> list[str]:
+        return [
+            request.request_id
+            for request in order.running(scheduler.waiting, queued)
+        ]
+
     order.steps_passed_over["new-0"] = 2
-    assert [
-        request.request_id
-        for _, request in order._sorted(scheduler, scheduler.waiting)
-    ] == ["tree/promise-0", "new-0"]
+    assert order.rank("new-0") == OVERDUE
+    assert admission_order() == ["tree/promise-0", "new-0"]
     # Overdue now, but it arrived after the tree: the tree still goes
     # first; an overdue request that arrived first would not wait.
     late.arrival_time = scheduler.requests["tree"].arrival_time - 1
-    assert [
-        request.request_id
-        for _, request in order._sorted(scheduler, scheduler.waiting)
-    ] == ["new-0", "tree/promise-0"]
+    assert admission_order() == ["new-0", "tree/promise-0"]
 
 
 @pytest.mark.parametrize("critical_path_first", [True, False])
@@ -163,3 +167,57 @@ def test_critical_path_work_is_preempted_last(tiny_model_path, hook_ids,
     assert preempted, "the pool was large enough: nothing was preempted"
     assert "tree/promise-0" not in preempted
     assert scheduler.requests == {}
+
+
+def test_with_the_priority_policy_priority_then_arrival_decide(
+        tiny_model_path, hook_ids):
+    """The priority rule's case (`priority_case`), as V0 plays it: the
+    waiting queue is upstream's heap, a child carrying its root's arrival
+    time and priority."""
+    scheduler = make_scheduler(SequenceHookScheduler,
+                               tiny_model_path,
+                               False, {
+                                   "sync_token_id": hook_ids.sync,
+                                   "promise_token_id": hook_ids.promise,
+                               },
+                               max_num_seqs=2,
+                               policy="priority")
+
+    def sample(request_id: str, position: int) -> int:
+        if request_id == "parent":
+            return {
+                0: hook_ids.promise,
+                1: hook_ids.sync
+            }.get(position, FILLER)
+        return FILLER
+
+    driver = BatchQueueDriver(scheduler, sample, depth=1)
+    for request_id in ["parent", "busy"]:
+        driver.add(
+            make_request(scheduler,
+                         request_id, [FILLER + 1] * 8,
+                         64,
+                         hook_ids.eos,
+                         priority=PRIORITY))
+    driver.step()
+    parent = scheduler.requests["parent"]
+    for request_id, priority, after_parent in ARRIVALS:
+        request = make_request(scheduler,
+                               request_id, [FILLER + 1] * 8,
+                               64,
+                               hook_ids.eos,
+                               priority=priority)
+        request.arrival_time = parent.arrival_time + after_parent
+        driver.add(request)
+    while not scheduler.coordinator.num_parked():
+        driver.step()
+    child = scheduler.requests[CHILD]
+    assert (child.priority, child.arrival_time) == (PRIORITY,
+                                                    parent.arrival_time)
+
+    output = scheduler.schedule()
+    scheduled = {r.req_id
+                 for r in output.scheduled_new_reqs} | set(
+                     output.scheduled_cached_reqs.req_ids)
+    assert scheduled == {"busy", ADMITTED}
+    assert [request.request_id for request in scheduler.waiting] == WAITING

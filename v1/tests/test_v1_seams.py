@@ -67,6 +67,8 @@ RECEIVERS = {
         "vllm_config": "vllm.config:VllmConfig",
         "vllm_config.model_config": "vllm.config:ModelConfig",
         "vllm_config.scheduler_config": "vllm.config:SchedulerConfig",
+        # A waiting queue the order puts in place (FCFS: a deque).
+        "queue": "vllm.v1.core.sched.request_queue:FCFSRequestQueue",
     },
     "parking.py": {
         **_SCHEDULER_RECEIVERS,
@@ -102,11 +104,6 @@ RECEIVERS = {
         "vllm_config.scheduler_config": "vllm.config:SchedulerConfig",
         "sampling_params": _PARAMS,
     },
-    "ordering.py": {
-        "scheduler": _SCHED,
-        "request": _REQUEST,
-        "queue": "vllm.v1.core.sched.request_queue:FCFSRequestQueue",
-    },
     "releases.py": {
         "Scheduler": _SCHED,
         "scheduler": _SCHED,
@@ -115,9 +112,6 @@ RECEIVERS = {
         "update": "vllm.v1.request:StreamingUpdate",
     },
 }
-# Per plugin module: the expressions, other than `self` and `super()`, that
-# are the plugin's own scheduler (its own members need no seam).
-OWN_SCHEDULER = {"ordering.py": ("scheduler", )}
 # The plugin's scheduler classes, by module.
 HOOK_CLASSES = {
     "parking.py": ("ParkingScheduler", ),
@@ -444,12 +438,11 @@ def test_the_plugin_reaches_only_recorded_members(module):
         receiver = ast.unparse(node.value)
         if receiver not in receivers:
             continue
-        if receiver in ("self", "super()") + OWN_SCHEDULER.get(
-                module, ()) and node.attr in own - {
-                    seam_name
-                    for seam in SEAMS if seam.member.startswith(_SCHED)
-                    for seam_name in tripwires.split_member(seam.member)[2]
-                }:
+        if receiver in ("self", "super()") and node.attr in own - {
+                seam_name
+                for seam in SEAMS if seam.member.startswith(_SCHED)
+                for seam_name in tripwires.split_member(seam.member)[2]
+        }:
             continue
         cls = tripwires.resolve(receivers[receiver])
         if not _covers(receivers[receiver], cls, node.attr):

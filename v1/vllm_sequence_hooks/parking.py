@@ -23,6 +23,7 @@ from typing import Optional
 from vllm_sequence_hooks.releases import for_installed
 
 from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.ordering import eviction_order
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -129,9 +130,10 @@ class ParkingScheduler(Scheduler):
 
         With nothing running, the next request to admit waits only for
         blocks; if parked parents hold them, nothing frees them (their
-        children are the ones waiting), so the newest parked parents are
-        evicted until it fits, as V0 does. A parent its request descends
-        from goes last: its blocks are that request's prefix hit.
+        children are the ones waiting), so parked parents are evicted
+        until it fits, in the order both engines share
+        (`sequence_hooks.ordering.eviction_order`: the newest first, the
+        request's own ancestors last, their blocks being its prefix hit).
         """
         if self.running:
             return
@@ -141,16 +143,10 @@ class ParkingScheduler(Scheduler):
              for request in queue if request.status in admissible), None)
         if candidate is None:
             return
-        ancestors = set(self.coordinator.ancestors(candidate.request_id))
-        parked = [
-            (since, request_id)
-            for request_id, since in self.coordinator.parked_members().items()
-            if request_id not in self.evicted
-        ]
-        parked.sort(key=lambda since_and_id:
-                    (since_and_id[1] in ancestors, -since_and_id[0]))
         pool = self.kv_cache_manager.block_pool
-        for _, request_id in parked:
+        for request_id in eviction_order(
+                self.coordinator.parked_members(), self.evicted,
+                self.coordinator.ancestors(candidate.request_id)):
             if pool.get_num_free_blocks() >= self._blocks_to_admit(candidate):
                 return
             self.evict(self.requests[request_id])

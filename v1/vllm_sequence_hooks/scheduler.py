@@ -13,12 +13,12 @@ V1 requests, with the KV mechanics of `parking`, the transport of
 `transport` and the stop strings of `stop_strings`. See docs/v1.md.
 """
 
+from collections import deque
 from typing import Any, Optional
 
 from vllm_sequence_hooks.config import (REQUEST_CHECK, SKIP_TOKENIZER_INIT,
                                         check_special_kwargs,
                                         names_request_check, special_kwargs_of)
-from vllm_sequence_hooks.ordering import CriticalPathOrder
 from vllm_sequence_hooks.parking import ParkingScheduler
 from vllm_sequence_hooks.seams import check_vllm_version
 from vllm_sequence_hooks.stop_strings import StopStringChecks, frontend_text
@@ -29,6 +29,7 @@ from sequence_hooks.lifecycle import (ChildSpec, MemberResult,
                                       PromiseCoordinator, RequestParams,
                                       Resume, decode_own, encode_merge)
 from sequence_hooks.metrics import SequenceHookMetrics
+from sequence_hooks.ordering import CriticalPathOrder, Queued
 from sequence_hooks.tree import PromiseTreeState, TreeNode
 from vllm.config import VllmConfig
 from vllm.logprobs import append_logprobs_for_next_position
@@ -112,13 +113,13 @@ class SequenceHookScheduler(ParkingScheduler):
         # `/metrics` from the engine core's process).
         self.metrics = SequenceHookMetrics(
             vllm_config.model_config.served_model_name)
-        self.coordinator = PromiseCoordinator(
-            special_kwargs, self, self.max_model_len,
-            self.tokenizer.convert_ids_to_tokens(
-                sorted(special_kwargs.hook_token_ids)), self.metrics)
+        self.coordinator = PromiseCoordinator.for_tokenizer(
+            special_kwargs, self, self.max_model_len, self.tokenizer,
+            self.metrics)
         # `critical_path_first`: the queues' order before each step.
-        self.order = (CriticalPathOrder(self.coordinator,
-                                        special_kwargs.max_steps_passed_over)
+        self.order = (CriticalPathOrder(
+            self.coordinator, special_kwargs.max_steps_passed_over,
+            vllm_config.scheduler_config.policy == "priority")
                       if special_kwargs.critical_path_first else None)
         self.sample_trees = SampleTrees()
         self.child_preemptions = ChildPreemptions()
@@ -136,10 +137,30 @@ class SequenceHookScheduler(ParkingScheduler):
 
     def schedule(self, *args, **kwargs) -> SchedulerOutput:
         if self.order is not None:
-            self.order.order(self)
+            self._order_queues(self.order)
         output = super().schedule(*args, **kwargs)
         self.metrics.kv_cache_usage.set(self.kv_cache_manager.usage)
         return output
+
+    def _order_queues(self, order: CriticalPathOrder) -> None:
+        """Hands the running list and the waiting queues to the ordering
+        policy both engines share (`sequence_hooks.ordering`), in place.
+
+        V1 schedules its running list front to back, preempts from its
+        back when blocks run out (FCFS), then admits the KV-holding and the
+        waiting queues front to back. Under the priority policy those two
+        are heaps already in the policy's order (priority, then arrival; a
+        member's is its root's) and upstream preempts by the same key:
+        only the running list is ordered.
+        """
+        if not order.begin_step(self.requests):
+            return
+        self.running[:] = order.running(self.running, queued)
+        for queue in self.waiting_queues():
+            if isinstance(queue, deque):
+                ordered = order.waiting(queue, queued)
+                queue.clear()
+                queue.extend(ordered)
 
     def num_parked(self) -> int:
         """Parents parked by `<sync>`, waiting for their children."""
@@ -223,13 +244,12 @@ class SequenceHookScheduler(ParkingScheduler):
             # Aborted earlier in this step, with its finished ancestor.
             return
         request_id = request.request_id
-        tree = self.coordinator.tree_of(request_id)
-        if tree is not None and tree.nodes[request_id].is_finished:
+        if self.coordinator.is_finished(request_id):
             return
         if out.new_logprobs is not None and request_id in self.child_logprobs:
             self._record_logprobs(request_id, out.new_logprobs)
         if out.finish_reason is not None:
-            if tree is not None:
+            if self.coordinator.is_member(request_id):
                 self._finished(request, str(out.finish_reason))
             return
         if not out.new_token_ids:
@@ -243,18 +263,14 @@ class SequenceHookScheduler(ParkingScheduler):
                                         RequestStatus.FINISHED_STOPPED)
                 self._finished(request, "stop", check.output_text)
                 return
-        token_id = out.new_token_ids[-1]
-        if token_id == self.special_kwargs.promise_token_id:
-            params = request.sampling_params
-            self.coordinator.promise(
-                request_id, request.num_tokens,
-                RequestParams(prompt_len=request.num_prompt_tokens,
-                              max_tokens=request.max_tokens,
-                              min_tokens=params.min_tokens,
-                              seed=params.seed,
-                              stop=tuple(params.stop or ())))
-        elif token_id == self.special_kwargs.sync_token_id:
-            self.coordinator.sync(request_id, request.num_tokens)
+        params = request.sampling_params
+        self.coordinator.sampled(
+            request_id, out.new_token_ids[-1], request.num_tokens,
+            lambda: RequestParams(prompt_len=request.num_prompt_tokens,
+                                  max_tokens=request.max_tokens,
+                                  min_tokens=params.min_tokens,
+                                  seed=params.seed,
+                                  stop=tuple(params.stop or ())))
 
     def _finished(self,
                   request: Request,
@@ -364,6 +380,8 @@ class SequenceHookScheduler(ParkingScheduler):
         parent = self.requests[child.parent_id]
         context = list(parent.all_token_ids) + list(child.context_tokens)
         params = parent.sampling_params.clone()
+        # Priority and arrival time are the root's (the parent's are), as
+        # on V0: a tree's work ranks by its request's arrival.
         # Its prompt is the parent's context: no prompt logprobs. A new
         # request seeds a new generator, from the child's own seed.
         params.prompt_logprobs = None
@@ -379,6 +397,7 @@ class SequenceHookScheduler(ParkingScheduler):
                           lora_request=parent.lora_request,
                           cache_salt=parent.cache_salt,
                           priority=parent.priority,
+                          arrival_time=parent.arrival_time,
                           block_hasher=parent._block_hasher)
         if params.logprobs is not None:
             self.child_logprobs[child.request_id] = []
@@ -464,3 +483,9 @@ class AsyncSequenceHookScheduler(SequenceHookScheduler, AsyncScheduler):
     computed frontier, and a child's prefix hit is its parent's computed
     context without the positions in flight.
     """
+
+
+def queued(request: Request) -> Queued:
+    """What the ordering policy reads of a request: a child's priority and
+    arrival time are its root's (`SequenceHookScheduler.fork`)."""
+    return Queued(request.request_id, request.priority, request.arrival_time)

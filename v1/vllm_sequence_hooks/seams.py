@@ -240,7 +240,8 @@ SEAMS: tuple[Seam, ...] = (
     Seam(
         "vllm.v1.core.sched.request_queue:FCFSRequestQueue.{clear,extend}",
         "calls", "`critical_path_first`: an FCFS waiting queue (a deque) is "
-        "put in critical-path order in place before each step (`ordering`)",
+        "put in critical-path order in place before each step "
+        "(`SequenceHookScheduler._order_queues`)",
         "upstream V1 orders its queues by a plugin's key"),
     Seam(
         "vllm.v1.core.sched.request_queue:RequestQueue.add_request", "calls",
@@ -509,9 +510,10 @@ SEAMS: tuple[Seam, ...] = (
         "engine request by load, each sample of an `n > 1` request apart",
         _SAMPLES_ON_ONE),
     Seam(
-        "vllm.config:SchedulerConfig.{scheduler_cls,async_scheduling}",
-        "reads", "`--scheduler-cls` names the plugin; async scheduling picks "
-        "`AsyncSequenceHookScheduler`", _PUBLIC),
+        "vllm.config:SchedulerConfig.{scheduler_cls,async_scheduling,"
+        "policy}", "reads", "`--scheduler-cls` names the plugin; async "
+        "scheduling picks `AsyncSequenceHookScheduler`; under the priority "
+        "policy the waiting queues keep upstream's order", _PUBLIC),
     Seam(
         "vllm.config:ModelConfig.{served_model_name,hf_config}", "reads",
         "the metrics' `model_name` label; a hook token must not be the "

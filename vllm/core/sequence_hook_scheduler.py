@@ -5,6 +5,7 @@
 from collections import deque
 from typing import Dict, Iterable, List, Optional, Protocol, Set, Tuple, Union
 
+from sequence_hooks.ordering import CriticalPathOrder, Queued
 from sequence_hooks.special_kwargs import SpecialKwargs
 from vllm.core.interfaces import AllocStatus
 from vllm.core.scheduler import Scheduler, SchedulerOutputs
@@ -27,8 +28,13 @@ class SchedulerHooks(Protocol):
         """A group of a promise tree that an abort finished."""
         ...
 
-    def on_critical_path(self, seq_group: SequenceGroup) -> bool:
-        """Whether a group is work a parked tree waits for."""
+    # `critical_path_first`'s order of the queues; None when off.
+    order: Optional[CriticalPathOrder]
+
+    def eviction_order(self, evicted: Set[str],
+                       seq_group: SequenceGroup) -> List[str]:
+        """Parked groups holding blocks, in the order to evict them for
+        ``seq_group`` (`sequence_hooks.ordering.eviction_order`)."""
         ...
 
     def record_kv_usage(self, fraction: float) -> None:
@@ -44,25 +50,28 @@ class SequenceHookScheduler(Scheduler):
     blocks, and it is in none of the waiting/running/swapped queues, so it is
     not scheduled until `unpark` puts it back. Children join the running
     queue directly, sharing their parent's blocks. When nothing can run
-    because parked groups hold the blocks a waiting group needs, the most
-    recently parked ones are evicted (their blocks freed, to be recomputed
-    when they resume), so a full cache never deadlocks. With prefix caching
+    because parked groups hold the blocks a waiting group needs, parked
+    ones are evicted (their blocks freed, to be recomputed when they
+    resume; the most recently parked first, the waiting group's ancestors
+    last: `sequence_hooks.ordering.eviction_order`), so a full cache never
+    deadlocks. With prefix caching
     on they are evicted as soon as blocks run short (see
     `_evict_parked_for_waiting` and `_can_append_slots`): their full blocks
     stay in the prefix cache, so the resume gets them back as hits, as a
     client-side join's continuation request would. Selected through
     `SchedulerConfig.scheduler_cls`.
 
-    Under contention it puts the work a parked tree waits for first (see
+    Under contention it hands its queues to the ordering policy both
+    engines share (`sequence_hooks.ordering.CriticalPathOrder`, see
     `_order_queues`): children of parked parents and resumed parents are
     admitted from the waiting queue before new requests and are the last
     running groups preempted, within a bound on how long a new request may
-    be passed over.
+    be passed over; under the priority policy, by priority then arrival.
 
     It reports to the engine's hooks (`SchedulerHooks`) what it scheduled,
-    ignored and aborted, and asks them which groups are on a critical path;
-    the hooks drive it through `admit_child`, `prefill_tail`, `park`,
-    `unpark` and `abort_seq_group`.
+    ignored and aborted, and asks them for the queues' order and which
+    parked group to evict; the hooks drive it through `admit_child`,
+    `prefill_tail`, `park`, `unpark` and `abort_seq_group`.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -75,10 +84,6 @@ class SequenceHookScheduler(Scheduler):
         self._tails_to_prefill: List[Sequence] = []
         # The engine's hooks, once attached.
         self.hooks: Optional[SchedulerHooks] = None
-        # Steps each queued group (by request id) has been passed over by
-        # critical-path work; only groups still queued, and only once
-        # passed over.
-        self.steps_passed_over: Dict[str, int] = {}
 
     def attach_hooks(self, hooks: SchedulerHooks) -> None:
         """Sets the hooks this scheduler reports to.
@@ -160,8 +165,7 @@ class SequenceHookScheduler(Scheduler):
                 # (SequenceData.update_num_computed_tokens).
                 seq.data._stage = SequenceStage.PREFILL
         self._tails_to_prefill.clear()
-        if (self.hooks is not None
-                and self.hooks.special_kwargs.critical_path_first):
+        if self.hooks is not None and self.hooks.order is not None:
             self._order_queues()
         self._evict_parked_for_waiting()
         metadata, outputs, allow_async = super().schedule()
@@ -171,81 +175,22 @@ class SequenceHookScheduler(Scheduler):
         return metadata, outputs, allow_async
 
     def _order_queues(self) -> None:
-        """Puts critical-path work first in the waiting and running queues.
-
-        Upstream's chunked-prefill scheduling (the only one hooks use)
+        """Hands the waiting and running queues to the policy
+        (`sequence_hooks.ordering`), which puts critical-path work first:
+        upstream's chunked-prefill scheduling (the only one hooks use)
         schedules the running queue front to back, preempts from its back
-        when blocks run out, then admits waiting groups front to back until
-        one does not fit. Sorting both queues by `_sort_key` therefore
-        admits critical-path work before new requests and preempts it last.
-        A new group waiting behind critical-path work is passed over for
-        this step; after `max_steps_passed_over` such steps it is overdue:
-        it ranks with critical-path work, by arrival time, so only the trees
-        of requests that arrived before it still go first.
+        when blocks run out, then admits waiting groups front to back
+        until one does not fit. The swapped queue is not ordered: hooks
+        never swap (no swap space on CPU).
         """
-        assert self.hooks is not None
+        assert self.hooks is not None and self.hooks.order is not None
+        order = self.hooks.order
         queued = [*self.waiting, *self.running, *self.swapped]
-        if not self.steps_passed_over and all(
-                seq_group.first_seq.promise_tree is None
-                for seq_group in queued):
-            # No tree, no debt: the stock order, at the cost of one scan.
+        if not order.begin_step({seq_group.request_id
+                                 for seq_group in queued}):
             return
-        live = {seq_group.request_id for seq_group in queued}
-        self.steps_passed_over = {
-            request_id: steps
-            for request_id, steps in self.steps_passed_over.items()
-            if request_id in live
-        }
-        bound = self.hooks.special_kwargs.max_steps_passed_over
-        self.running = deque(
-            seq_group for _, seq_group in self._sorted(self.running, bound))
-        ordered = self._sorted(self.waiting, bound)
-        behind_critical = False
-        for rank, seq_group in ordered:
-            if rank == self.CRITICAL:
-                behind_critical = True
-            elif rank == self.NEW and behind_critical:
-                request_id = seq_group.request_id
-                self.steps_passed_over[request_id] = (
-                    self.steps_passed_over.get(request_id, 0) + 1)
-        self.waiting = deque(seq_group for _, seq_group in ordered)
-
-    # What a queued group is: on a critical path, a new group passed over
-    # for the bound, or a new group.
-    CRITICAL, OVERDUE, NEW = 0, 1, 2
-
-    def _sorted(self, queue: Iterable[SequenceGroup],
-                bound: int) -> List[Tuple[int, SequenceGroup]]:
-        """(rank, group) of a queue's groups, in the order to schedule them.
-
-        Args:
-            queue: A queue in its stock order.
-            bound: Steps passed over that make a group overdue.
-        """
-        assert self.hooks is not None
-        entries = []
-        for seq_group in queue:
-            if self.hooks.on_critical_path(seq_group):
-                rank = self.CRITICAL
-            elif self.steps_passed_over.get(seq_group.request_id, 0) >= bound:
-                rank = self.OVERDUE
-            else:
-                rank = self.NEW
-            entries.append((rank, seq_group))
-        # Stable: new groups keep their stock order.
-        return sorted(entries, key=self._sort_key)
-
-    def _sort_key(self, entry: Tuple[int, SequenceGroup]) -> tuple:
-        """Critical-path and overdue groups first, by arrival time (a
-        child's is its root's), then new groups. With the priority policy
-        the user's priority comes first, as in upstream's `_get_priority`.
-        """
-        rank, seq_group = entry
-        priority, arrival_time = self._get_priority(seq_group)
-        key = ((0, arrival_time) if rank != self.NEW else (1, 0.0))
-        if self.scheduler_config.policy == "priority":
-            return (priority, *key)
-        return key
+        self.running = deque(order.running(self.running, _queued))
+        self.waiting = deque(order.waiting(self.waiting, _queued))
 
     def free_finished_seq_groups(self) -> None:
         super().free_finished_seq_groups()
@@ -273,8 +218,9 @@ class SequenceHookScheduler(Scheduler):
                     return
             elif self.running or self.swapped:
                 return
-            if (self.block_manager.can_allocate(self.waiting[0])
-                    != AllocStatus.LATER or not self._evict_latest_parked()):
+            if (self.block_manager.can_allocate(
+                    self.waiting[0]) != AllocStatus.LATER
+                    or not self._evict_parked_for(self.waiting[0])):
                 return
 
     def _can_append_slots(self, seq_group: SequenceGroup,
@@ -283,24 +229,26 @@ class SequenceHookScheduler(Scheduler):
         preempts a running group for lack of a block."""
         while not super()._can_append_slots(seq_group, enable_chunking):
             if not (self.cache_config.enable_prefix_caching
-                    and self._evict_latest_parked()):
+                    and self._evict_parked_for(seq_group)):
                 return False
         return True
 
-    def _evict_latest_parked(self) -> bool:
-        """Frees the blocks of the most recently parked group holding any;
-        it resumes by recompute.
+    def _evict_parked_for(self, seq_group: SequenceGroup) -> bool:
+        """Frees the blocks of the parked group the policy gives up first
+        for ``seq_group`` (the most recently parked, its own ancestors
+        last); it resumes by recompute.
 
         Returns:
             Whether a group was evicted.
         """
-        holders = [
-            seq_group for request_id, seq_group in self.parked.items()
-            if request_id not in self._evicted
+        assert self.hooks is not None
+        victims = [
+            request_id for request_id in self.hooks.eviction_order(
+                self._evicted, seq_group) if request_id in self.parked
         ]
-        if not holders:
+        if not victims:
             return False
-        victim = holders[-1]
+        victim = self.parked[victims[0]]
         self.free_seq(victim.first_seq)
         victim.first_seq.data.reset_state_for_recompute()
         self._evicted.add(victim.request_id)
@@ -343,3 +291,10 @@ class SequenceHookScheduler(Scheduler):
 
     def get_num_unfinished_seq_groups(self) -> int:
         return super().get_num_unfinished_seq_groups() + len(self.parked)
+
+
+def _queued(seq_group: SequenceGroup) -> Queued:
+    """What the ordering policy reads of a group: a child's priority and
+    arrival time are its root's (`V0PromiseAdapter.fork`)."""
+    return Queued(seq_group.request_id, seq_group.priority,
+                  seq_group.arrival_time)

@@ -14,13 +14,14 @@ resume appends the merged tokens and prefills them as one chunk.
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 from sequence_hooks.lifecycle import (MERGED_TOKEN_LOGPROB, ChildSpec,
                                       MemberResult, PromiseCoordinator,
                                       RequestParams, Resume, decode_own,
                                       encode_merge)
 from sequence_hooks.metrics import SequenceHookMetrics
+from sequence_hooks.ordering import CriticalPathOrder, eviction_order
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.tree import PromiseTreeState, TreeNode
 from vllm.core.scheduler import SchedulerOutputs
@@ -103,11 +104,14 @@ class V0PromiseAdapter:
         self.seq_counter = seq_counter
         self.registry = registry
         self.metrics = metrics
-        tokenizer = detokenizer.tokenizer_group.get_lora_tokenizer(None)
-        self.coordinator = PromiseCoordinator(
+        self.coordinator = PromiseCoordinator.for_tokenizer(
             special_kwargs, self, max_model_len,
-            tokenizer.convert_ids_to_tokens(
-                sorted(special_kwargs.hook_token_ids)), metrics)
+            detokenizer.tokenizer_group.get_lora_tokenizer(None), metrics)
+        # `critical_path_first`: the order the scheduler gives its queues.
+        self.order = (CriticalPathOrder(
+            self.coordinator, special_kwargs.max_steps_passed_over,
+            scheduler.scheduler_config.policy == "priority")
+                      if special_kwargs.critical_path_first else None)
         # Live groups of promise trees, by request id.
         self.groups: Dict[str, SequenceGroup] = {}
         # Where each live child's own output starts.
@@ -117,6 +121,8 @@ class V0PromiseAdapter:
         self._scheduled: List = []
         # The group whose finish is being recorded, if any.
         self._finishing: Optional[SequenceGroup] = None
+        # The group whose sampled token is being dispatched, if any.
+        self._sampling: Optional[SequenceGroup] = None
 
     # Engine events.
 
@@ -128,19 +134,18 @@ class V0PromiseAdapter:
             if seq.promise_tree is not None:
                 self.finished(seq_group)
             return
-        token_id = seq.get_last_token_id()
-        if token_id == self.special_kwargs.promise_token_id:
-            self.groups.setdefault(seq_group.request_id, seq_group)
-            params = seq_group.sampling_params
-            self.coordinator.promise(
-                seq_group.request_id, seq.get_len(),
-                RequestParams(prompt_len=seq.get_prompt_len(),
-                              max_tokens=params.max_tokens,
-                              min_tokens=params.min_tokens,
-                              seed=params.seed,
-                              stop=tuple(params.stop or ())))
-        elif token_id == self.special_kwargs.sync_token_id:
-            self.coordinator.sync(seq_group.request_id, seq.get_len())
+        params = seq_group.sampling_params
+        self._sampling = seq_group
+        try:
+            self.coordinator.sampled(
+                seq_group.request_id, seq.get_last_token_id(), seq.get_len(),
+                lambda: RequestParams(prompt_len=seq.get_prompt_len(),
+                                      max_tokens=params.max_tokens,
+                                      min_tokens=params.min_tokens,
+                                      seed=params.seed,
+                                      stop=tuple(params.stop or ())))
+        finally:
+            self._sampling = None
 
     def step_scheduled(self, outputs: SchedulerOutputs) -> None:
         """Takes note of what the scheduler handed out for this step.
@@ -166,11 +171,20 @@ class V0PromiseAdapter:
         seq_group.set_finished_time(time.time())
         self.coordinator.aborted(seq_group.request_id)
 
-    def on_critical_path(self, seq_group: SequenceGroup) -> bool:
-        """Whether the scheduler should put ``seq_group`` before new
-        requests (`PromiseCoordinator.on_critical_path`)."""
-        return (seq_group.first_seq.promise_tree is not None
-                and self.coordinator.on_critical_path(seq_group.request_id))
+    def eviction_order(self, evicted: Set[str],
+                       seq_group: SequenceGroup) -> List[str]:
+        """Parked groups holding blocks, in the order to evict them for
+        ``seq_group`` (`sequence_hooks.ordering.eviction_order`).
+
+        Args:
+            evicted: Parked groups whose blocks are freed already.
+            seq_group: The group that needs the blocks.
+
+        Returns:
+            Request ids, the first to evict first.
+        """
+        return eviction_order(self.coordinator.parked_members(), evicted,
+                              self.coordinator.ancestors(seq_group.request_id))
 
     def record_kv_usage(self, fraction: float) -> None:
         """Exports the fraction of KV blocks in use, parked ones included."""
@@ -200,7 +214,10 @@ class V0PromiseAdapter:
     # The coordinator's actions (`sequence_hooks.lifecycle.EngineAdapter`).
 
     def new_tree(self, root_id: str) -> PromiseTreeState:
-        seq_group = self.groups[root_id]
+        # A root's first promise: the group being dispatched.
+        assert (self._sampling is not None
+                and self._sampling.request_id == root_id)
+        seq_group = self.groups[root_id] = self._sampling
         # A request split by parallel sampling reports under its own id.
         split = self.registry.get(root_id)
         tree = PromiseTree(group_id=split.group_id if split else root_id,

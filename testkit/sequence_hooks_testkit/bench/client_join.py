@@ -278,9 +278,8 @@ class JoinTask:
         self.transport = transport
         self.options = options or (lambda role, sampled: {})
         self.on_done = on_done
-        self.coordinator = PromiseCoordinator(
-            hooks, self, max_model_len,
-            tokenizer.convert_ids_to_tokens(sorted(hooks.hook_token_ids)))
+        self.coordinator = PromiseCoordinator.for_tokenizer(
+            hooks, self, max_model_len, tokenizer)
         self.sequences = {
             task_id:
             JoinSequence(task_id, (), new_text(tokenizer, self.prompt_ids),
