@@ -7,6 +7,7 @@ Re-exported by the V0 fork's `vllm.config`, which imports it partway through
 """
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any, Optional
 
 from pydantic import ConfigDict, TypeAdapter, model_validator
@@ -161,7 +162,31 @@ class SpecialKwargs:
                              "resolve them with the tokenizer first")
         return frozenset(self._ids().values())
 
-    def check_not_eos(self, eos_token_id: Any) -> None:
+    def for_model(self, tokenizer: Callable[[], Any], vocab_size: int,
+                  eos_token_id: Any) -> "SpecialKwargs":
+        """This configuration checked against a model, the one check both
+        engines run at start: token strings resolved to ids, every id in
+        the vocabulary, none the model's end of sequence.
+
+        Args:
+            tokenizer: Loads the model's tokenizer (called only if a token
+                is given as a string).
+            vocab_size: The model's vocabulary size.
+            eos_token_id: The model config's `eos_token_id`: an id, a list
+                of ids or None.
+
+        Returns:
+            The configuration with every token given by id.
+
+        Raises:
+            ValueError: naming the token that does not fit the model.
+        """
+        resolved = self if self.is_resolved else self.resolve(tokenizer())
+        resolved._check_vocab_size(vocab_size)
+        resolved._check_not_eos(eos_token_id)
+        return resolved
+
+    def _check_not_eos(self, eos_token_id: Any) -> None:
         """Raises ValueError if a hook token is the model's end of sequence
         (the engine would stop where the hook should act).
 
@@ -176,7 +201,7 @@ class SpecialKwargs:
             raise ValueError(f"token id(s) {sorted(clashes)} are the "
                              "model's end-of-sequence token")
 
-    def check_vocab_size(self, vocab_size: int) -> None:
+    def _check_vocab_size(self, vocab_size: int) -> None:
         """Raises ValueError unless every hook token id is in the vocabulary.
 
         Args:

@@ -38,3 +38,48 @@ def test_every_form_reads_as_the_same_configuration(given):
 def test_a_bad_configuration_is_refused_with_its_reason(given, reason):
     with pytest.raises(ValueError, match=reason):
         SpecialKwargs.parse(given)
+
+
+class WordTokenizer:
+    """A tokenizer of three words; `<sync>` and `<promise>` are ids 1, 2."""
+
+    vocab = {"<eos>": 0, "<sync>": 1, "<promise>": 2}
+
+    def convert_tokens_to_ids(self, token):
+        return self.vocab.get(token)
+
+    def convert_ids_to_tokens(self, token_id):
+        return {i: t for t, i in self.vocab.items()}[token_id]
+
+    def tokenize(self, text):
+        return list(text)
+
+
+def test_for_model_resolves_then_checks_against_the_model():
+    """The one start-up check of both engines: strings to ids, ids in the
+    vocabulary and none the EOS; the tokenizer is loaded only for
+    strings."""
+    loads = []
+
+    def tokenizer():
+        loads.append(True)
+        return WordTokenizer()
+
+    given = SpecialKwargs.parse({
+        "sync_token": "<sync>",
+        "promise_token": "<promise>"
+    })
+    resolved = given.for_model(tokenizer, 3, 0)
+    assert (resolved.sync_token_id, resolved.promise_token_id) == (1, 2)
+    assert resolved.is_resolved and loads == [True]
+    assert resolved.for_model(tokenizer, 3, [0, None]) == resolved
+    assert loads == [True]
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        resolved.for_model(tokenizer, 2, 0)
+    with pytest.raises(ValueError, match="end-of-sequence"):
+        resolved.for_model(tokenizer, 3, [0, 2])
+    with pytest.raises(ValueError, match="not a single token"):
+        SpecialKwargs.parse({
+            "sync_token": "<sync>",
+            "promise_token": "<nope>"
+        }).for_model(tokenizer, 3, 0)

@@ -71,12 +71,10 @@ def check_special_kwargs(special_kwargs: SpecialKwargs,
             vocabulary or is its end-of-sequence token.
     """
     model_config = vllm_config.model_config
-    if tokenizer is None:
-        tokenizer = cached_tokenizer_from_config(model_config)
-    resolved = special_kwargs.resolve(tokenizer)
-    resolved.check_vocab_size(model_config.get_vocab_size())
-    resolved.check_not_eos(model_config.hf_config.eos_token_id)
-    return resolved
+    return special_kwargs.for_model(
+        lambda: (tokenizer if tokenizer is not None else
+                 cached_tokenizer_from_config(model_config)),
+        model_config.get_vocab_size(), model_config.hf_config.eos_token_id)
 
 
 def names_scheduler(vllm_config: VllmConfig) -> bool:

@@ -100,16 +100,13 @@ def check_engine_config(config: "VllmConfig") -> None:
     if model_config.use_async_output_proc:
         refuse("async output processing")
     try:
-        if not config.special_kwargs.is_resolved:
-            tokenizer = get_tokenizer(
-                model_config.tokenizer,
-                tokenizer_mode=model_config.tokenizer_mode,
-                trust_remote_code=model_config.trust_remote_code,
-                revision=model_config.tokenizer_revision)
-            config.special_kwargs = config.special_kwargs.resolve(tokenizer)
-        config.special_kwargs.check_vocab_size(model_config.get_vocab_size())
-        config.special_kwargs.check_not_eos(
-            model_config.hf_config.eos_token_id)
+        config.special_kwargs = config.special_kwargs.for_model(
+            lambda: get_tokenizer(model_config.tokenizer,
+                                  tokenizer_mode=model_config.tokenizer_mode,
+                                  trust_remote_code=model_config.
+                                  trust_remote_code,
+                                  revision=model_config.tokenizer_revision),
+            model_config.get_vocab_size(), model_config.hf_config.eos_token_id)
     except ValueError as e:
         raise ValueError(f"special_kwargs: {e}") from e
 
