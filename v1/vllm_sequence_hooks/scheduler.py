@@ -259,8 +259,7 @@ class SequenceHookScheduler(ParkingScheduler):
             check = self.stop_strings.feed_new(request)
             if check is not None:
                 # As V0's stop checker: the child ends, its text cut.
-                super().finish_requests(request_id,
-                                        RequestStatus.FINISHED_STOPPED)
+                self._end(request_id, RequestStatus.FINISHED_STOPPED)
                 self._finished(request, "stop", check.output_text)
                 return
         params = request.sampling_params
@@ -325,7 +324,7 @@ class SequenceHookScheduler(ParkingScheduler):
             del out.new_token_ids[kept:]
             if out.new_logprobs is not None:
                 out.new_logprobs = out.new_logprobs.slice_request(0, kept)
-        super().finish_requests(out.request_id, RequestStatus.FINISHED_STOPPED)
+        self._end(out.request_id, RequestStatus.FINISHED_STOPPED)
         if self.coordinator.is_member(out.request_id):
             # As on V0: live children are aborted, the root stops there;
             # its tokens end where the frontend cuts them.
@@ -354,6 +353,13 @@ class SequenceHookScheduler(ParkingScheduler):
                 self.coordinator.aborted(request_id)
                 self.forget_kv_state(request_id)
         return super().finish_requests(request_ids, finished_status)
+
+    def _end(self, request_ids: Any, status: RequestStatus) -> None:
+        """Ends requests the way upstream does, and nothing more: for ends
+        the hooks themselves decide (a child's stop string, a root's, the
+        coordinator's aborts), which the lifecycle already knows of, so
+        `finish_requests`' abort of a root's tree must not run."""
+        super().finish_requests(request_ids, status)
 
     def add_request(self, request: Request) -> None:
         """Adds as upstream; notes the samples of `n > 1` requests."""
@@ -452,7 +458,7 @@ class SequenceHookScheduler(ParkingScheduler):
             self.child_logprobs.pop(member_id, None)
             self.stop_strings.forget(member_id)
             self.forget_kv_state(member_id)
-        super().finish_requests(member_ids, RequestStatus.FINISHED_ABORTED)
+        self._end(member_ids, RequestStatus.FINISHED_ABORTED)
 
     def engine_finished(self, member_id: str) -> bool:
         request = self.requests.get(member_id)
