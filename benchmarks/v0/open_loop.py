@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
 
-from sequence_hooks_testkit.bench.client_join import EngineTransport, JoinTask
+from sequence_hooks_testkit.bench.client_join import EngineSender, JoinTask
 from sequence_hooks_testkit.bench.runs import prepare, report
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from sequence_hooks_testkit.scripted_hooks import ScriptedHooks
@@ -208,9 +208,9 @@ def run_open_loop(llm,
     raise RuntimeError(f"not finished after {max_steps} steps")
 
 
-# Makes the join of an arrival: called with the arrival, the transport and
+# Makes the join of an arrival: called with the arrival, the sender and
 # the callback the task must call once done.
-JoinFactory = Callable[[Arrival, EngineTransport, Callable[[JoinTask], None]],
+JoinFactory = Callable[[Arrival, EngineSender, Callable[[JoinTask], None]],
                        JoinTask]
 
 
@@ -241,7 +241,7 @@ def run_join_open_loop(
         its join's last request, in ``unit``.
     """
     engine = llm.llm_engine
-    transport = EngineTransport(engine)
+    sender = EngineSender(engine)
     pending = deque(schedule)
     offsets = {arrival.request_id: arrival.offset for arrival in schedule}
     latencies: dict[str, float] = {}
@@ -253,7 +253,7 @@ def run_join_open_loop(
         while pending and pending[0].offset <= clock.now():
             arrival = pending.popleft()
             unfinished.add(arrival.request_id)
-            make_join(arrival, transport, done.append).start()
+            make_join(arrival, sender, done.append).start()
         if not unfinished:
             if not pending:
                 return latencies
@@ -261,7 +261,7 @@ def run_join_open_loop(
             continue
         if not engine.has_unfinished_requests():
             raise RuntimeError(f"joins {sorted(unfinished)} stalled")
-        transport.step()
+        sender.step()
         clock.steps += 1
         for task in done:
             if task.error is not None:
@@ -379,8 +379,7 @@ def run(args) -> None:
     }
     tokenizer = llms[JOIN].get_tokenizer()
 
-    def make_join(arrival: Arrival, transport: EngineTransport,
-                  on_done) -> JoinTask:
+    def make_join(arrival: Arrival, sender: EngineSender, on_done) -> JoinTask:
         # A stock engine cannot tell a segment's role and plan step from
         # its context: each request's script starts where the client is.
         return JoinTask(
@@ -390,7 +389,7 @@ def run(args) -> None:
             join_hooks,
             max_len,
             tokenizer,
-            transport,
+            sender,
             options=lambda role, step: {
                 "temperature": 0.0,
                 "logits_processors": [script(arrival, role=role, step=step)],

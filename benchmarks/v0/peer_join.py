@@ -12,7 +12,7 @@ caching on, at the same KV block size, and the engine's dtype; each table
 row names them. In one run, sides alternating:
 
 - in-process: one fan-out request on a hooked `LLMEngine` against the
-  join on a stock one (`EngineTransport`), for each k: wall time (median),
+  join on a stock one (`EngineSender`), for each k: wall time (median),
   engine steps, prefill tokens scheduled and computed (less prefix-cache
   hits) and peak KV blocks in use;
 - HTTP: a hooked `vllm serve` against the join on a stock `vllm serve`,
@@ -27,9 +27,9 @@ row names them. In one run, sides alternating:
 On the tiny test model (default) the work is scripted: a parent writes a
 tokens, promises k children of m tokens, syncs and writes n tokens, over
 distinct random prompts. With ``--model`` (the real model) it is the
-capitals task (`sequence_hooks_testkit.training.capitals_task`): the model's own promises over
-chat prompts of k countries, parallel form; plain requests are the
-sequential form.
+capitals task (`sequence_hooks_testkit.training.capitals_task`): the
+model's own promises over chat prompts of k countries, parallel form;
+plain requests are the sequential form.
 
 Usage: .venv/bin/python benchmarks/peer_join.py [--model DIR --dtype
     bfloat16] [--block-sizes 16 0] [--ks 1 2 4 8 16] [--concurrency 1 8 32
@@ -52,11 +52,10 @@ from pathlib import Path
 from typing import Optional
 
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks_testkit.bench.client_join import (EngineTransport,
-                                                      JoinTask,
+from sequence_hooks_testkit.bench.client_join import (EngineSender, JoinTask,
                                                       scripted_options)
 from sequence_hooks_testkit.bench.client_join_http import (
-    HttpTransport, client_session, run_join, server_max_model_len)
+    HttpSender, client_session, run_join, server_max_model_len)
 from sequence_hooks_testkit.bench.runs import prepare, print_table
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
@@ -264,12 +263,12 @@ def in_process(workload: Workload, block_size: int, ks, repeats: int):
         return result.outputs[0].text, 1
 
     def run_join(task: Task, request_id: str):
-        transport = EngineTransport(stock.llm_engine, {"temperature": 0.0})
+        sender = EngineSender(stock.llm_engine, {"temperature": 0.0})
         join = JoinTask(request_id, task.prompt_ids, task.max_tokens,
                         workload.hooks, workload.max_model_len,
-                        workload.tokenizer, transport,
+                        workload.tokenizer, sender,
                         workload.join_options(task, over_http=False))
-        transport.run([join])
+        sender.run([join])
         return join.result.text, join.result.requests
 
     sides = {"hooks": run_hooks, "join": run_join}
@@ -387,8 +386,8 @@ class HttpSides:
         self.session = session
         self.bases = {"hooks": hooked_base, "join": stock_base}
         self.max_model_len = max_model_len
-        self.transport = HttpTransport(session, stock_base, workload.model,
-                                       {"temperature": 0.0})
+        self.sender = HttpSender(session, stock_base, workload.model,
+                                 {"temperature": 0.0})
         self.joins = 0
 
     async def complete(self, side: str, task: Task) -> tuple[str, int]:
@@ -412,7 +411,7 @@ class HttpSides:
         if side == "hooks":
             return (await self.complete("hooks", task))[0], 1
         self.joins += 1
-        result = await run_join(self.transport, f"join-{self.joins}",
+        result = await run_join(self.sender, f"join-{self.joins}",
                                 task.prompt_ids, task.max_tokens,
                                 self.workload.hooks, self.max_model_len,
                                 self.workload.tokenizer,

@@ -19,7 +19,7 @@ country: of the conclusion (its capital exactly right) and of the item
 sentences (the sentence about the country names its capital exactly).
 Prints a table, writes JSON.
 
-Usage: PYTHONPATH=models:models/research .venv/bin/python
+Usage: PYTHONPATH=models/research .venv/bin/python
     benchmarks/real_model_forms.py
     [--ks 2 4 8] [--tasks 6] [--out real_model_forms.json]
 """

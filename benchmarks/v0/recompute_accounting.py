@@ -44,8 +44,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks_testkit.bench.client_join import (EngineTransport,
-                                                      JoinTask,
+from sequence_hooks_testkit.bench.client_join import (EngineSender, JoinTask,
                                                       scripted_options)
 from sequence_hooks_testkit.bench.runs import prepare, report, run_requests
 from sequence_hooks_testkit.oracle import scripted
@@ -189,8 +188,8 @@ def fan_out(llm, recorder: PrefillRecorder, prompts, params, k: int):
     return merged, scheduler.num_cumulative_preemption - before, texts
 
 
-class LabellingTransport(EngineTransport):
-    """An `EngineTransport` that labels each request the join sends by
+class LabellingSender(EngineSender):
+    """An `EngineSender` that labels each request the join sends by
     its prompt: the parent's first request, a child's (its prompt ends
     with the role marker) or the parent's continuation (its prompt holds
     the `<sync>`).
@@ -240,24 +239,23 @@ def client_join(llm, recorder: PrefillRecorder, prompts, plans,
     assert llm.reset_prefix_cache()
     recorder.clear()
     engine = llm.llm_engine
-    transport = LabellingTransport(engine, ids)
+    sender = LabellingSender(engine, ids)
     hooks = SpecialKwargs(sync_token_id=ids.sync,
                           promise_token_id=ids.promise,
                           child_role_token_id=ids.child)
     tasks = [
         JoinTask(f"join-{k}-{c}", prompt, max_tokens,
                  hooks, engine.model_config.max_model_len,
-                 engine.get_tokenizer(), transport,
-                 scripted_options(plans, ids))
+                 engine.get_tokenizer(), sender, scripted_options(plans, ids))
         for c, prompt in enumerate(prompts)
     ]
-    transport.run(tasks)
+    sender.run(tasks)
     assert all(len(task.result.promise_tree.children) == k for task in tasks)
     phases = recorder.take("prompt")
     assert not recorder.phases, "a join request restarted from position 0"
 
     def labelled(label: str) -> list[PrefillPhase]:
-        return [p for p in phases if transport.labels[p.request_id] == label]
+        return [p for p in phases if sender.labels[p.request_id] == label]
 
     return (labelled("child"), labelled("continuation"),
             [task.result.text for task in tasks])

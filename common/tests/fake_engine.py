@@ -17,7 +17,7 @@ from sequence_hooks.lifecycle import (ChildSpec, MemberResult,
                                       PromiseCoordinator, RequestParams,
                                       Resume)
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.tree import PromiseNode, PromiseTreeState, TreeNode
+from sequence_hooks.tree import LiveNode, LiveTree, PromiseNode
 
 SYNC, PROMISE, ROLE = 1, 2, 3
 HOOK_STRINGS = {SYNC: "<sync>", PROMISE: "<promise>", ROLE: "<child>"}
@@ -204,8 +204,8 @@ class FakeEngine:
 
     # EngineAdapter.
 
-    def new_tree(self, root_id: str) -> PromiseTreeState:
-        return PromiseTreeState(root=TreeNode(root_id))
+    def new_tree(self, root_id: str) -> LiveTree:
+        return LiveTree(root=LiveNode(root_id))
 
     def fork(self, child: ChildSpec) -> None:
         parent = self.members[child.parent_id]
@@ -249,6 +249,6 @@ class FakeEngine:
     def decode(self, member_id: str, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, False)
 
-    def report_tree(self, root_id: str, tree: PromiseTreeState) -> None:
+    def report_tree(self, root_id: str, tree: LiveTree) -> None:
         assert root_id not in self.reports
         self.reports[root_id] = tree.snapshot()

@@ -20,8 +20,8 @@ facts (`--all-countries` trains those capitals too).
 Trained: a LoRA adapter on every linear layer of the top blocks
 (`--lora-first-block`), and the embedding rows of the three hook tokens
 (tied to the output layer). Written to ``--out``: the adapter (bf16) and
-the new rows, which `sequence_hooks_testkit.training.prepare_base_model` merges into the base
-checkpoint.
+the new rows, which `sequence_hooks_testkit.training.prepare_base_model`
+merges into the base checkpoint.
 
 Usage: .venv/bin/python models/research/train_real_model.py [--out DIR]
     [--steps 160] [--tasks-per-step 6] [--seed 3] [--lora-first-block 12]

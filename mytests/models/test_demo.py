@@ -4,7 +4,6 @@
 by default and on the embedded toy, and its timeline shows what the engine
 did step by step."""
 
-import os
 import re
 import subprocess
 import sys
@@ -50,14 +49,11 @@ def test_demo_prints_the_answer_and_its_tree(tmp_path, expand_model_path):
 
 def test_demo_runs_the_real_model_by_default(tmp_path):
     picture = tmp_path / "timeline.png"
-    # As `./dev demo` runs it: models/ prepares the default model.
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "models"))
     result = subprocess.run(
         [sys.executable, str(DEMO), "--timeline",
          str(picture)],
         capture_output=True,
         text=True,
-        env=env,
         timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     printed = result.stdout

@@ -212,7 +212,7 @@ def test_upstream_symbols_our_modules_rely_on():
     assert params_of(
         Detokenizer.decode_sequence_inplace) == ["self", "seq", "prms"]
     assert params_of(Sequence.fork) == ["self", "new_seq_id"]
-    # PromiseTree is registered like ParallelSampleSequenceGroup.
+    # PromiseTreeGroup is registered like ParallelSampleSequenceGroup.
     assert {"group_id", "seq_id_to_index",
             "to_be_finished"} <= set(SequenceGroupBase.__dataclass_fields__)
     # A merge moves the stage back to PREFILL; computing the tail moves it

@@ -18,7 +18,7 @@ from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks_testkit.bench.client_join import (run_joins,
                                                       scripted_options)
 from sequence_hooks_testkit.bench.client_join_http import (
-    HttpTransport, client_session, run_join, server_max_model_len,
+    HttpSender, client_session, run_join, server_max_model_len,
     stream_completion)
 from sequence_hooks_testkit.engines import run_hooked, tiny_llm
 from sequence_hooks_testkit.programs import NONE, PROMPTS, programs
@@ -214,13 +214,12 @@ async def both_sides(servers, model: str, hook_ids, max_tokens: int):
     prompts = [tokenizer.encode(c[2]) for c in all_cases]
     async with client_session() as session:
         max_model_len = await server_max_model_len(session, stock_base, model)
-        transport = HttpTransport(session, stock_base, model,
-                                  {"temperature": 0.0})
+        sender = HttpSender(session, stock_base, model, {"temperature": 0.0})
         hooked = asyncio.gather(*(hooked_completion(
             session, hooked_base, model, prompt, c[1], hook_ids, max_tokens)
                                   for prompt, c in zip(prompts, all_cases)))
         joined = asyncio.gather(
-            *(run_join(transport, f"join-{max_tokens}-{i}", prompt, max_tokens,
+            *(run_join(sender, f"join-{max_tokens}-{i}", prompt, max_tokens,
                        hooks_of(hook_ids), max_model_len, tokenizer,
                        scripted_options(c[1], hook_ids, over_http=True))
               for i, (prompt, c) in enumerate(zip(prompts, all_cases))))
@@ -258,10 +257,10 @@ def test_http_transport_reports_a_refused_request(servers, tiny_model_path,
         from vllm.transformers_utils.tokenizer import get_tokenizer
         model = str(tiny_model_path)
         async with client_session() as session:
-            transport = HttpTransport(session, servers[1], model)
+            sender = HttpSender(session, servers[1], model)
             # max_model_len is told wrong on purpose: the prompt does not
             # fit the server's.
-            return await run_join(transport, "too-long", [1] * 300, 8,
+            return await run_join(sender, "too-long", [1] * 300, 8,
                                   hooks_of(hook_ids), 4096,
                                   get_tokenizer(model))
 

@@ -14,7 +14,6 @@ promised on V1. The checkpoint now names the plain fast class
 """
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -53,7 +52,8 @@ def real_model() -> Path:
         pytest.fail("the real model is prepared with the V0 venv: run "
                     "./dev setup first (./dev test-v1 does)")
     out = subprocess.run([
-        str(V0_PYTHON), "-m", "sequence_hooks_testkit.training.prepare_base_model"
+        str(V0_PYTHON), "-m",
+        "sequence_hooks_testkit.training.prepare_base_model"
     ],
                          check=True,
                          capture_output=True,
@@ -87,8 +87,6 @@ def demo_lines(python: Path, engine: str, tmp_path: Path) -> list[str]:
         str(DEMO), "--engine", engine, "--timeline",
         str(tmp_path / f"{engine}.png")
     ],
-                            env=dict(os.environ,
-                                     PYTHONPATH=str(ROOT / "models")),
                             capture_output=True,
                             text=True,
                             timeout=900)

@@ -60,7 +60,7 @@ def promise_tree(
         # A delta (streamed) output: the engine core's text and no root
         # logprobs.
         return root
-    # Built here, frozen to users afterwards (as `TreeNode.snapshot`).
+    # Built here, frozen to users afterwards (as `LiveNode.snapshot`).
     object.__setattr__(root, "text", completion.text)
     if completion.logprobs is not None:
         merged = {

@@ -30,7 +30,7 @@ from sequence_hooks.lifecycle import (ChildSpec, MemberResult,
                                       Resume, decode_own, encode_merge)
 from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.ordering import CriticalPathOrder, Queued
-from sequence_hooks.tree import PromiseTreeState, TreeNode
+from sequence_hooks.tree import LiveNode, LiveTree
 from vllm.config import VllmConfig
 from vllm.logprobs import append_logprobs_for_next_position
 from vllm.tokenizers import cached_tokenizer_from_config
@@ -375,12 +375,12 @@ class SequenceHookScheduler(ParkingScheduler):
 
     # ------------------------------------ the coordinator's actions (V1)
 
-    def new_tree(self, root_id: str) -> PromiseTreeState:
+    def new_tree(self, root_id: str) -> LiveTree:
         request = self.requests[root_id]
         # A resume extends the prompt in place; with the engine core in
         # process, the frontend holds the same list.
         request.prompt_token_ids = list(request.prompt_token_ids)
-        return PromiseTreeState(root=TreeNode(root_id))
+        return LiveTree(root=LiveNode(root_id))
 
     def fork(self, child: ChildSpec) -> None:
         parent = self.requests[child.parent_id]
@@ -471,7 +471,7 @@ class SequenceHookScheduler(ParkingScheduler):
         # Every finish here comes with its text (`frontend_text`).
         return decode_own(self.tokenizer, token_ids)
 
-    def report_tree(self, root_id: str, tree: PromiseTreeState) -> None:
+    def report_tree(self, root_id: str, tree: LiveTree) -> None:
         out = self._outputs.get(root_id)
         if out is not None:
             attach_tree(out, tree)

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from sequence_hooks.tree import PromiseTreeState
+from sequence_hooks.tree import LiveTree
 from vllm.v1.engine import (EngineCoreEvent, EngineCoreEventType,
                             EngineCoreOutput)
 from vllm.v1.outputs import LogprobsLists
@@ -46,7 +46,7 @@ SAMPLE_ID = re.compile(r"(\d+)_(.+)", re.DOTALL)
 logger = logging.getLogger("vllm.sequence_hooks.transport")
 
 
-def attach_tree(out: EngineCoreOutput, tree: PromiseTreeState) -> None:
+def attach_tree(out: EngineCoreOutput, tree: LiveTree) -> None:
     """Puts a finished root's tree into its output."""
     params = dict(out.kv_transfer_params or {})
     params[TREE_KEY] = tree.snapshot().to_dict(top_logprobs=True)

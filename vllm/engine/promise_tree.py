@@ -9,7 +9,7 @@ finished, ignored or aborted group) and carries out its actions on V0
 objects: a child is a forked `Sequence` in a `SequenceGroup` of its own that
 shares its parent's blocks, a park is the scheduler's `BLOCKED` status, a
 resume appends the merged tokens and prefills them as one chunk.
-`PromiseTree` is a tree's registry entry in the engine.
+`PromiseTreeGroup` is a tree's registry entry in the engine.
 """
 
 import time
@@ -23,7 +23,7 @@ from sequence_hooks.lifecycle import (MERGED_TOKEN_LOGPROB, ChildSpec,
 from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.ordering import CriticalPathOrder, eviction_order
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.tree import PromiseTreeState, TreeNode
+from sequence_hooks.tree import LiveNode, LiveTree
 from vllm.core.scheduler import SchedulerOutputs
 from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
 from vllm.sampling_params import SamplingParams
@@ -34,7 +34,7 @@ from vllm.utils import Counter
 
 
 @dataclass
-class PromiseTree(SequenceGroupBase, PromiseTreeState):
+class PromiseTreeGroup(SequenceGroupBase, LiveTree):
     """One request's promise tree, registered in the engine.
 
     Registered in `LLMEngine.seq_id_to_seq_group` under each child's request
@@ -48,7 +48,7 @@ class PromiseTree(SequenceGroupBase, PromiseTreeState):
     registry: Dict[str, SequenceGroupBase] = field(default_factory=dict,
                                                    repr=False)
 
-    def __deepcopy__(self, memo) -> "PromiseTree":
+    def __deepcopy__(self, memo) -> "PromiseTreeGroup":
         # Engine state that every sequence of the tree refers to: forking a
         # sequence (a deep copy) shares it.
         return self
@@ -213,23 +213,23 @@ class V0PromiseAdapter:
 
     # The coordinator's actions (`sequence_hooks.lifecycle.EngineAdapter`).
 
-    def new_tree(self, root_id: str) -> PromiseTreeState:
+    def new_tree(self, root_id: str) -> LiveTree:
         # A root's first promise: the group being dispatched.
         assert (self._sampling is not None
                 and self._sampling.request_id == root_id)
         seq_group = self.groups[root_id] = self._sampling
         # A request split by parallel sampling reports under its own id.
         split = self.registry.get(root_id)
-        tree = PromiseTree(group_id=split.group_id if split else root_id,
-                           registry=self.registry,
-                           root=TreeNode(root_id))
+        tree = PromiseTreeGroup(group_id=split.group_id if split else root_id,
+                                registry=self.registry,
+                                root=LiveNode(root_id))
         seq_group.first_seq.promise_tree = tree
         return tree
 
     def fork(self, child: ChildSpec) -> None:
         parent_group = self.groups[child.parent_id]
         parent_seq = parent_group.first_seq
-        # The fork shares the parent's tree (PromiseTree.__deepcopy__).
+        # The fork shares the parent's tree (PromiseTreeGroup.__deepcopy__).
         child_seq = parent_seq.fork(next(self.seq_counter))
         params = parent_group.sampling_params.clone()
         # Its first chunk prefills output tokens, not prompt tokens.
@@ -296,7 +296,7 @@ class V0PromiseAdapter:
                 # as finished, or did not schedule it), so no output needs
                 # its entry. One processed earlier in this step still gets
                 # an output made, which the entry keeps empty; making it
-                # drops the entry (PromiseTree.finish_seq).
+                # drops the entry (PromiseTreeGroup.finish_seq).
                 self.registry.pop(member_id, None)
 
     def engine_finished(self, member_id: str) -> bool:
@@ -309,7 +309,7 @@ class V0PromiseAdapter:
     def decode(self, member_id: str, token_ids: List[int]) -> str:
         return decode_own(self._tokenizer(member_id), token_ids)
 
-    def report_tree(self, root_id: str, tree: PromiseTreeState) -> None:
+    def report_tree(self, root_id: str, tree: LiveTree) -> None:
         # Outputs read the tree from the root's sequence (its
         # `promise_tree`), whenever the engine makes them.
         pass

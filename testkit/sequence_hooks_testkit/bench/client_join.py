@@ -26,8 +26,8 @@ engine's incremental detokenization of each sequence's text: V0's
 vLLM 0.3x, where a child's text starts after its context as the V1
 plugin's child request's does.
 
-The join logic is transport-neutral: a transport sends a request and
-calls back with its new tokens. `EngineTransport` drives an in-process
+The join logic is sender-neutral: a sender sends a request and
+calls back with its new tokens. `EngineSender` drives an in-process
 `LLMEngine` step by step (a child request is added right after the step
 that sampled its `<promise>`, as the hooks spawn it);
 `sequence_hooks_testkit.bench.client_join_http` streams from an
@@ -48,14 +48,14 @@ from sequence_hooks.lifecycle import (ChildSpec, MemberResult,
                                       PromiseCoordinator, RequestParams,
                                       Resume, decode_own, encode_merge)
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.tree import PromiseNode, PromiseTreeState, TreeNode
+from sequence_hooks.tree import LiveNode, LiveTree, PromiseNode
 
 # A sequence's place in its tree: () for the request's own sequence, (1,)
 # for the child of its second promise, (1, 0) for that child's first child.
 RolePath = tuple[int, ...]
 # Extra request options per sequence and segment: called with the
 # sequence's role path and the number of tokens it has sampled so far
-# (scripted test programs use both); the transport interprets the dict.
+# (scripted test programs use both); the sender interprets the dict.
 OptionsFn = Callable[[RolePath, int], dict]
 # Receives a request's new token ids and, with its last ones, its finish
 # reason.
@@ -77,11 +77,11 @@ class JoinRequest:
     options: dict
     # Called with its new tokens as they come.
     on_output: OutputCallback
-    # Called if the transport fails it.
+    # Called if the sender fails it.
     on_error: Callable[[BaseException], None]
 
 
-class Transport(Protocol):
+class RequestSender(Protocol):
     """Sends the join's requests to an engine and streams their tokens."""
 
     def submit(self, request: JoinRequest) -> None:
@@ -254,7 +254,7 @@ class JoinTask:
         hooks: The hook tokens, merge separator and limits, as ids.
         max_model_len: The engine's longest sequence.
         tokenizer: The model's tokenizer.
-        transport: Where requests go.
+        sender: Where requests go.
         options: Extra options per sequence and segment.
         on_done: Called with the task once its result is ready.
     """
@@ -266,7 +266,7 @@ class JoinTask:
                  hooks: SpecialKwargs,
                  max_model_len: int,
                  tokenizer,
-                 transport: Transport,
+                 sender: RequestSender,
                  options: Optional[OptionsFn] = None,
                  on_done: Optional[Callable[["JoinTask"], None]] = None):
         self.task_id = task_id
@@ -275,7 +275,7 @@ class JoinTask:
         self.hooks = hooks
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
-        self.transport = transport
+        self.sender = sender
         self.options = options or (lambda role, sampled: {})
         self.on_done = on_done
         self.coordinator = PromiseCoordinator.for_tokenizer(
@@ -307,7 +307,7 @@ class JoinTask:
         seq.request_id = request_id
         self.requests += 1
         self.prompt_tokens += len(prompt)
-        self.transport.submit(
+        self.sender.submit(
             JoinRequest(
                 request_id, prompt, budget, [self.hooks.sync_token_id],
                 self.options(seq.role,
@@ -379,8 +379,8 @@ class JoinTask:
 
     # The coordinator's actions (`sequence_hooks.lifecycle.EngineAdapter`).
 
-    def new_tree(self, root_id: str) -> PromiseTreeState:
-        return PromiseTreeState(root=TreeNode(root_id))
+    def new_tree(self, root_id: str) -> LiveTree:
+        return LiveTree(root=LiveNode(root_id))
 
     def fork(self, child: ChildSpec) -> None:
         # Seeds go through unchanged (a client cannot reproduce the hooks'
@@ -409,7 +409,7 @@ class JoinTask:
         for member_id in member_ids:
             seq = self.sequences[member_id]
             if seq.request_id is not None:
-                self.transport.cancel(seq.request_id)
+                self.sender.cancel(seq.request_id)
                 seq.request_id = None
             seq.parked = False
 
@@ -423,11 +423,11 @@ class JoinTask:
     def decode(self, member_id: str, token_ids: list[int]) -> str:
         return decode_own(self.tokenizer, token_ids)
 
-    def report_tree(self, root_id: str, tree: PromiseTreeState) -> None:
+    def report_tree(self, root_id: str, tree: LiveTree) -> None:
         self._done(tree.snapshot())
 
 
-class EngineTransport:
+class EngineSender:
     """Sends the join's requests to an in-process stock `LLMEngine` and
     steps it.
 
@@ -522,16 +522,16 @@ def run_joins(engine,
     Returns:
         The results, in prompt order.
     """
-    transport = EngineTransport(engine, defaults)
+    sender = EngineSender(engine, defaults)
     tokenizer = engine.get_tokenizer()
     max_model_len = engine.model_config.max_model_len
     options = options or [None] * len(prompts)
     tasks = [
-        JoinTask(f"join-{i}-{id(transport)}", prompt, max_tokens, hooks,
-                 max_model_len, tokenizer, transport, task_options)
+        JoinTask(f"join-{i}-{id(sender)}", prompt, max_tokens, hooks,
+                 max_model_len, tokenizer, sender, task_options)
         for i, (prompt, task_options) in enumerate(zip(prompts, options))
     ]
-    transport.run(tasks)
+    sender.run(tasks)
     return [task.result for task in tasks]
 
 

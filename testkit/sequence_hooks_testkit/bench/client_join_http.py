@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The client-side join over HTTP: `client_join`'s transport for an
+"""The client-side join over HTTP: `client_join`'s sender for an
 OpenAI-compatible server (a stock `vllm serve`).
 
 Requests go to `/v1/completions` with the prompt as token ids, streamed,
@@ -71,7 +71,7 @@ async def stream_completion(session: aiohttp.ClientSession, base: str,
             yield chunk["choices"][0]
 
 
-class HttpTransport:
+class HttpSender:
     """Sends the join's requests to a server, each streamed by its own
     asyncio task.
 
@@ -142,7 +142,7 @@ async def server_max_model_len(session: aiohttp.ClientSession, base: str,
     return next(card["max_model_len"] for card in cards if card["id"] == model)
 
 
-async def run_join(transport: HttpTransport,
+async def run_join(sender: HttpSender,
                    task_id: str,
                    prompt_ids: list[int],
                    max_tokens: int,
@@ -153,7 +153,7 @@ async def run_join(transport: HttpTransport,
     """Runs one request's join over HTTP.
 
     Args:
-        transport: The transport to the stock server.
+        sender: The sender to the stock server.
         task_id: Unique id of the join.
         prompt_ids: The prompt.
         max_tokens: The request's budget.
@@ -175,7 +175,7 @@ async def run_join(transport: HttpTransport,
                     hooks,
                     max_model_len,
                     tokenizer,
-                    transport,
+                    sender,
                     options,
                     on_done=lambda t: done.done() or done.set_result(t))
     task.start()
