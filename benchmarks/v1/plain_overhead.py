@@ -35,10 +35,17 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from http_peers import (Sides, Workload, measured_run, one_cell_run,
-                        running_servers, server_block_size, write_one_cell_run)
-
 from sequence_hooks_testkit.bench.client_join_http import client_session
+# yapf conflicts with isort for this block
+# yapf: disable
+from sequence_hooks_testkit.bench.http_sides import (Sides, Workload,
+                                                     measured_run,
+                                                     one_cell_run,
+                                                     running_servers,
+                                                     server_block_size,
+                                                     write_one_cell_run)
+
+# yapf: enable
 
 RESULTS = Path(__file__).resolve().parent / "results" / "plain_overhead.json"
 SPAWNED = "vllm:sequence_hook_promises_spawned_total"
@@ -49,7 +56,7 @@ SIDES = {"stock": "sequential_v1", "plugin": "plain_plugin"}
 
 async def measured(sides: Sides, server: str, prompts: list[list[int]],
                    in_flight: int) -> dict:
-    """`http_peers.measured_run` of ``server``'s side from an empty prefix
+    """`http_sides.measured_run` of ``server``'s side from an empty prefix
     cache, with its tokens."""
     # Else the A B A round's second A would find its prompts cached.
     async with sides.session.post(sides.servers[server].base +

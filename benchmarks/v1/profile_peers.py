@@ -33,11 +33,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from http_peers import (Sides, Workload, measured_run, one_cell_run,
-                        running_servers, same_texts, server_block_size,
-                        write_one_cell_run)
-
 from sequence_hooks_testkit.bench.client_join_http import client_session
+# yapf conflicts with isort for this block
+# yapf: disable
+from sequence_hooks_testkit.bench.http_sides import (Sides, Workload,
+                                                     measured_run,
+                                                     one_cell_run,
+                                                     running_servers,
+                                                     same_texts,
+                                                     server_block_size,
+                                                     write_one_cell_run)
+
+# yapf: enable
 
 RESULTS = Path(__file__).resolve().parent / "results" / "profile_peers.json"
 # Side: its server.
@@ -95,7 +102,7 @@ def parse(path: Path) -> tuple[collections.Counter, collections.Counter]:
 
 async def profiled(sides: Sides, side: str, prompts: list[list[int]],
                    in_flight: int, py_spy: str, folder: Path) -> dict:
-    """`http_peers.measured_run` of ``side`` with its server sampled."""
+    """`http_sides.measured_run` of ``side`` with its server sampled."""
     server = sides.servers[SIDES[side]]
     out = folder / f"{side}-{time.time_ns()}.txt"
     spy = subprocess.Popen([

@@ -147,7 +147,8 @@ def test_the_graph_covers_every_root():
     assert scripts <= set(graph)
     assert ("sequence_hooks_testkit.training.capitals_task"
             in graph["eval_by_country"])
-    assert "http_peers" in graph["profile_peers"]
+    assert ("sequence_hooks_testkit.bench.http_sides"
+            in graph["profile_peers"])
 
 
 def test_imports_of_every_kind_are_edges(tmp_path):
