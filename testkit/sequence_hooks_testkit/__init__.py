@@ -13,7 +13,8 @@ subclasses), `engines` (V0 test engines and checks, its `Flavour`),
 scheduled), `server` (`vllm serve` on loopback), `served` (a hooked and a
 stock server for the fault tests), `run_programs` (the programs in a
 process of their own), `priority_case` (the priority rule's case both
-suites play); for the V1 flavour only: `v1_engines` (its engines,
+suites play), `cache` (the project's per-user cache); for the V1 flavour
+only: `v1_engines` (its engines,
 checks and `Flavour`), `v1_scripted_logits` (programs as V1 logits
 processors) and `v1_batch_queue` (a model-free V1 engine core).
 

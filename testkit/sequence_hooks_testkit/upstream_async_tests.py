@@ -46,6 +46,8 @@ from typing import Any, Optional
 
 import pytest
 
+from sequence_hooks_testkit.cache import cache_dir
+
 # The releases whose tests run, each its sdist's sha256.
 SDISTS = {
     "0.32.0":
@@ -98,12 +100,6 @@ IDLE_HOOK_WORDS = ("left", "right", "yes")
 
 class FetchError(RuntimeError):
     """The sdist could not be fetched, or is not the pinned one."""
-
-
-def cache_dir() -> Path:
-    """The per-user cache of the project (as `fork/build_fork.py`'s)."""
-    base = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
-    return Path(base) / "vllm-seqhook"
 
 
 def _sha256_of(path: Path) -> str:

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from sequence_hooks_testkit.cache import cache_dir
 from sequence_hooks_testkit.server import stop_server, wait_healthy
-from sequence_hooks_testkit.upstream_async_tests import cache_dir
 from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
                                               SPECIAL_KWARGS, START_TIMEOUT_S,
                                               free_port)

@@ -24,12 +24,13 @@ Prints the folders it made or found.
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from sequence_hooks_testkit.cache import cache_dir
 
 # The checkout (the test kit is installed editable, never shipped).
 ROOT = Path(__file__).resolve().parents[3]
@@ -52,14 +53,6 @@ DONE = ".prepared"
 TOKENIZER_CLASS = "PreTrainedTokenizerFast"
 # Hex digits of the delta's digest in its merged checkpoint's name.
 DIGEST_CHARS = 12
-
-
-def cache_dir() -> Path:
-    """The per-user cache shared with the build (`fork/build_fork.py`)."""
-    base = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
-    path = Path(base) / "vllm-seqhook"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def log(message: str) -> None:
