@@ -274,16 +274,31 @@ class SequenceHookScheduler(ParkingScheduler):
     def _finished(self,
                   request: Request,
                   reason: str,
-                  text: Optional[str] = None) -> None:
+                  text: Optional[str] = None,
+                  token_ids: Optional[list[int]] = None) -> None:
+        """Records a member's finish with the lifecycle: the one path of
+        every member's end on V1 (a stop, a length cap, a stop string of a
+        child or of a root).
+
+        Args:
+            request: The member's request.
+            reason: "stop", "length" or upstream's other reasons.
+            text: Its own text, if a stop string cut it (else detokenized
+                as the frontend would).
+            token_ids: Its own tokens, if a stop string cut them (else all
+                it sampled).
+        """
         request_id = request.request_id
         start = self.coordinator.own_start(request_id)
         self.stop_strings.forget(request_id)
         self.forget_kv_state(request_id)
         if text is None:
             text = frontend_text(self.tokenizer, request, start)
+        if token_ids is None:
+            token_ids = list(request.all_token_ids[start:])
         self.coordinator.finished(
             request_id, reason,
-            MemberResult(list(request.all_token_ids[start:]), text,
+            MemberResult(token_ids, text,
                          self.child_logprobs.pop(request_id, None)))
 
     def _record_logprobs(self, request_id: str,
@@ -329,9 +344,8 @@ class SequenceHookScheduler(ParkingScheduler):
             # As on V0: live children are aborted, the root stops there;
             # its tokens end where the frontend cuts them.
             self._outputs[out.request_id] = out
-            self.coordinator.finished(
-                out.request_id, "stop",
-                MemberResult(list(check.output_token_ids), check.output_text))
+            self._finished(request, "stop", check.output_text,
+                           list(check.output_token_ids))
         # The frontend finds the same stop string and reports it; were it
         # not to, the request would end aborted rather than wait forever.
         out.finish_reason = FinishReason.ABORT
