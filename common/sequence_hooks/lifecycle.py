@@ -119,6 +119,23 @@ class RequestParams:
     # The request's stop strings.
     stop: tuple[str, ...] = ()
 
+    @classmethod
+    def of(cls, prompt_len: int, max_tokens: Optional[int],
+           sampling_params: Any) -> "RequestParams":
+        """What the lifecycle reads of a vLLM request, either engine's.
+
+        Args:
+            prompt_len: Its prompt's length.
+            max_tokens: Its own-token budget (the engine's reading of it).
+            sampling_params: Its `SamplingParams` (`min_tokens`, `seed`,
+                `stop`: the same fields on V0 and V1).
+
+        Returns:
+            The parameters.
+        """
+        return cls(prompt_len, max_tokens, sampling_params.min_tokens,
+                   sampling_params.seed, tuple(sampling_params.stop or ()))
+
 
 @dataclass(frozen=True)
 class ChildSpec:

@@ -264,12 +264,9 @@ class SequenceHookScheduler(ParkingScheduler):
                 return
         params = request.sampling_params
         self.coordinator.sampled(
-            request_id, out.new_token_ids[-1], request.num_tokens,
-            lambda: RequestParams(prompt_len=request.num_prompt_tokens,
-                                  max_tokens=request.max_tokens,
-                                  min_tokens=params.min_tokens,
-                                  seed=params.seed,
-                                  stop=tuple(params.stop or ())))
+            request_id, out.new_token_ids[-1],
+            request.num_tokens, lambda: RequestParams.of(
+                request.num_prompt_tokens, request.max_tokens, params))
 
     def _finished(self,
                   request: Request,

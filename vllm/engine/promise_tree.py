@@ -138,12 +138,9 @@ class V0PromiseAdapter:
         self._sampling = seq_group
         try:
             self.coordinator.sampled(
-                seq_group.request_id, seq.get_last_token_id(), seq.get_len(),
-                lambda: RequestParams(prompt_len=seq.get_prompt_len(),
-                                      max_tokens=params.max_tokens,
-                                      min_tokens=params.min_tokens,
-                                      seed=params.seed,
-                                      stop=tuple(params.stop or ())))
+                seq_group.request_id, seq.get_last_token_id(),
+                seq.get_len(), lambda: RequestParams.of(
+                    seq.get_prompt_len(), params.max_tokens, params))
         finally:
             self._sampling = None
 
