@@ -79,11 +79,10 @@ class CriticalPathOrder:
             queued: The ids of every request in the scheduler's queues.
 
         Returns:
-            Whether to order the queues this step: under FCFS with no live
-            tree and no debt the engine's own order stands, at no cost.
+            Whether to order the queues this step: with no live tree and
+            no debt the engine's own order stands, at no cost (plain
+            requests are scheduled as without hooks, either policy).
         """
-        if self.by_priority:
-            return True
         if not (self.coordinator.num_members() or self.steps_passed_over):
             return False
         self.steps_passed_over = {

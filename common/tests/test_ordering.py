@@ -90,6 +90,9 @@ def test_no_tree_and_no_debt_leave_the_engines_order():
     engine = FakeEngine()
     order = CriticalPathOrder(engine.coordinator, 3, False)
     assert not order.begin_step({"a", "b"})
+    # Either policy: plain requests keep the engine's own order.
+    assert not CriticalPathOrder(engine.coordinator, 3, True).begin_step(
+        {"a", "b"})
     order.steps_passed_over = {"a": 2, "gone": 1}
     # A debt is work: ordering goes on, and forgets who left the queues.
     assert order.begin_step({"a", "b"})
