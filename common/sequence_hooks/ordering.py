@@ -72,11 +72,13 @@ class CriticalPathOrder:
         # steps so far (FCFS only).
         self.steps_passed_over: dict[str, int] = {}
 
-    def begin_step(self, queued: Collection[str]) -> bool:
+    def begin_step(self, queued: Callable[[], Collection[str]]) -> bool:
         """Forgets the debts of requests no longer queued.
 
         Args:
-            queued: The ids of every request in the scheduler's queues.
+            queued: Gives the ids of every request in the scheduler's
+                queues (called only when there is something to order: it
+                runs every step).
 
         Returns:
             Whether to order the queues this step: with no live tree and
@@ -85,10 +87,11 @@ class CriticalPathOrder:
         """
         if not (self.coordinator.num_members() or self.steps_passed_over):
             return False
+        live = queued()
         self.steps_passed_over = {
             request_id: steps
             for request_id, steps in self.steps_passed_over.items()
-            if request_id in queued
+            if request_id in live
         }
         return True
 

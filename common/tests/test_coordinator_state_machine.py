@@ -182,7 +182,7 @@ class CoordinatorMachine(RuleBasedStateMachine):
             return int(member_id.split("/")[0].split("-")[1])
 
         owed = dict(self.order.steps_passed_over)
-        if not self.order.begin_step(set(queue)):
+        if not self.order.begin_step(lambda: queue):
             assert not any(map(reference.on_critical_path, queue))
             return
         ordered = self.order.waiting(

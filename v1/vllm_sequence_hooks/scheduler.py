@@ -153,7 +153,7 @@ class SequenceHookScheduler(ParkingScheduler):
         member's is its root's) and upstream preempts by the same key:
         only the running list is ordered.
         """
-        if not order.begin_step(self.requests):
+        if not order.begin_step(lambda: self.requests):
             return
         self.running[:] = order.running(self.running, queued)
         for queue in self.waiting_queues():
@@ -397,8 +397,6 @@ class SequenceHookScheduler(ParkingScheduler):
         parent = self.requests[child.parent_id]
         context = list(parent.all_token_ids) + list(child.context_tokens)
         params = parent.sampling_params.clone()
-        # Priority and arrival time are the root's (the parent's are), as
-        # on V0: a tree's work ranks by its request's arrival.
         # Its prompt is the parent's context: no prompt logprobs. A new
         # request seeds a new generator, from the child's own seed.
         params.prompt_logprobs = None
@@ -406,16 +404,19 @@ class SequenceHookScheduler(ParkingScheduler):
                              else self.max_model_len - len(context))
         params.min_tokens = child.min_tokens
         params.seed = child.seed
-        request = Request(request_id=child.request_id,
-                          prompt_token_ids=context,
-                          sampling_params=params,
-                          pooling_params=None,
-                          client_index=parent.client_index,
-                          lora_request=parent.lora_request,
-                          cache_salt=parent.cache_salt,
-                          priority=parent.priority,
-                          arrival_time=parent.arrival_time,
-                          block_hasher=parent._block_hasher)
+        request = Request(
+            request_id=child.request_id,
+            prompt_token_ids=context,
+            sampling_params=params,
+            pooling_params=None,
+            client_index=parent.client_index,
+            lora_request=parent.lora_request,
+            cache_salt=parent.cache_salt,
+            # The root's priority and arrival time (the parent's are), as
+            # on V0: a tree's work ranks by its request's arrival.
+            priority=parent.priority,
+            arrival_time=parent.arrival_time,
+            block_hasher=parent._block_hasher)
         if params.logprobs is not None:
             self.child_logprobs[child.request_id] = []
         if child.stop:

@@ -185,9 +185,12 @@ class SequenceHookScheduler(Scheduler):
         """
         assert self.hooks is not None and self.hooks.order is not None
         order = self.hooks.order
-        queued = [*self.waiting, *self.running, *self.swapped]
-        if not order.begin_step({seq_group.request_id
-                                 for seq_group in queued}):
+        if not order.begin_step(
+                lambda: {
+                    seq_group.request_id
+                    for queue in (self.waiting, self.running, self.swapped)
+                    for seq_group in queue
+                }):
             return
         self.running = deque(order.running(self.running, _queued))
         self.waiting = deque(order.waiting(self.waiting, _queued))
