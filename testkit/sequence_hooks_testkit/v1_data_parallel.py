@@ -40,7 +40,8 @@ def start_data_parallel_server(
         model_path: Path,
         work_dir: Path,
         engines: int = 2,
-        step_delay_s: float = 0.0) -> tuple[subprocess.Popen, str]:
+        step_delay_s: float = 0.0,
+        tensor_parallel: int = 1) -> tuple[subprocess.Popen, str]:
     """`v1_server.start_hooked_v1_server` with ``engines`` engine cores.
 
     Args:
@@ -48,16 +49,20 @@ def start_data_parallel_server(
         work_dir: An empty folder for the log and the metrics' files.
         engines: `--data-parallel-size`.
         step_delay_s: Seconds added to each engine step (`StepDelayV1`).
+        tensor_parallel: `--tensor-parallel-size` of each engine core. The
+            caller sets `VLLM_CPU_OMP_THREADS_BIND` for that many workers
+            an engine: without it vLLM's CPU worker fails on NUMA binding.
 
     Returns:
         The server's process (the leader of its process group) and its
         base URL.
     """
-    return start_hooked_v1_server(model_path,
-                                  work_dir,
-                                  ("--data-parallel-size", str(engines)),
-                                  step_delay_s,
-                                  start_timeout_s=START_TIMEOUT_S)
+    return start_hooked_v1_server(
+        model_path,
+        work_dir, ("--data-parallel-size", str(engines),
+                   "--tensor-parallel-size", str(tensor_parallel)),
+        step_delay_s,
+        start_timeout_s=START_TIMEOUT_S * tensor_parallel)
 
 
 def held_by_engines(url: str) -> dict[str, Any]:

@@ -13,7 +13,8 @@ sets it) make sure each engine runs trees. When the load is done,
 `/metrics` must show nothing held in any engine core (vLLM's requests
 and KV usage per engine, the hooks' live children and parked parents
 summed over the engines) and the hooks' spawn counter summed over both
-engines: every child of every tree.
+engines: every child of every tree. The same again with tensor
+parallelism (TP = 2) inside each engine core.
 
 Model-free: the middleware's routing, and the engine core's check (a
 dense model's engine core sees one engine; a MoE model's, which keeps
@@ -112,45 +113,57 @@ def wait_idle(url: str) -> dict:
     return held
 
 
-def test_two_engines_answer_as_one_and_are_left_clean(one_engine_answers,
-                                                      tiny_model_path,
-                                                      hook_ids,
-                                                      tmp_path_factory):
-    process, url = dp.start_data_parallel_server(tiny_model_path,
-                                                 tmp_path_factory.mktemp("dp"),
-                                                 ENGINES)
+def answers_match_one_engine(url, one_engine_answers, tiny_model_path,
+                             hook_ids, rounds: int) -> int:
+    """Plays every case on a server with `ENGINES` engine cores and checks
+    each answer against the one-engine server's.
+
+    Each engine first runs every greedy program's tree, pinned as a router
+    pins a request. Then every case goes out ``rounds`` times, streamed and
+    not, all at once and unpinned: vLLM's balancer places each `n = 1`
+    request, the middleware each `n > 1` request whole.
+
+    Returns:
+        The number of children the answers' trees hold.
+    """
     spawned = 0
+    for rank in range(ENGINES):
+        for case in CASES:
+            if case[3] is None:
+                got = dp.answer(url,
+                                body(hook_ids, tiny_model_path, case, False),
+                                rank)
+                assert got == one_engine_answers[case[0]], (rank, case)
+                spawned += descendants(got["trees"][0])
+    jobs = [(case, stream) for _ in range(rounds) for case in CASES
+            for stream in (False, True)]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        answers = list(
+            pool.map(
+                lambda job: dp.answer(url, body(hook_ids, tiny_model_path, *job
+                                                )), jobs))
+    for (case, stream), got in zip(jobs, answers):
+        expected = one_engine_answers[case[0]]
+        n = (case[3] or {}).get("n", 1)
+        assert sorted(expected["trees"]) == list(range(n))
+        assert all(tree["children"] for tree in expected["trees"].values())
+        spawned += sum(map(descendants, expected["trees"].values()))
+        if stream:
+            # A stream carries no `kv_transfer_params`, as with one engine.
+            expected = {"texts": expected["texts"]}
+        assert got == expected, (case[0], stream)
+    return spawned
+
+
+def play_and_stop(process, url: str, one_engine_answers, tiny_model_path,
+                  hook_ids, rounds: int) -> None:
+    """`answers_match_one_engine` on a started server, then stops it: once
+    idle, nothing may be held in any engine core, and the hooks' spawn
+    counter, summed over the engines, must count every child of every
+    tree."""
     try:
-        # Each engine runs every greedy program's tree, pinned as a router
-        # pins a request.
-        for rank in range(ENGINES):
-            for case in CASES:
-                if case[3] is None:
-                    got = dp.answer(
-                        url, body(hook_ids, tiny_model_path, case, False),
-                        rank)
-                    assert got == one_engine_answers[case[0]], (rank, case)
-                    spawned += descendants(got["trees"][0])
-        # Unpinned, all at once, streamed and not: vLLM's balancer places
-        # each n = 1 request, the middleware each n > 1 request whole.
-        jobs = [(case, stream) for _ in range(2) for case in CASES
-                for stream in (False, True)]
-        with ThreadPoolExecutor(len(jobs)) as pool:
-            answers = list(
-                pool.map(
-                    lambda job: dp.answer(
-                        url, body(hook_ids, tiny_model_path, *job)), jobs))
-        for (case, stream), got in zip(jobs, answers):
-            expected = one_engine_answers[case[0]]
-            n = (case[3] or {}).get("n", 1)
-            assert sorted(expected["trees"]) == list(range(n))
-            assert all(tree["children"] for tree in expected["trees"].values())
-            spawned += sum(map(descendants, expected["trees"].values()))
-            if stream:
-                # A stream carries no `kv_transfer_params`, as with one
-                # engine.
-                expected = {"texts": expected["texts"]}
-            assert got == expected, (case[0], stream)
+        spawned = answers_match_one_engine(url, one_engine_answers,
+                                           tiny_model_path, hook_ids, rounds)
         held = wait_idle(url)
         counted = metric(url, "promises_spawned_total")
     finally:
@@ -167,8 +180,44 @@ def test_two_engines_answer_as_one_and_are_left_clean(one_engine_answers,
         "vllm:sequence_hook_children_running": 0.0,
         "vllm:sequence_hook_parents_parked": 0.0,
     }
-    # Both engines' counters, summed.
     assert counted == spawned
+
+
+def test_two_engines_answer_as_one_and_are_left_clean(one_engine_answers,
+                                                      tiny_model_path,
+                                                      hook_ids,
+                                                      tmp_path_factory):
+    process, url = dp.start_data_parallel_server(tiny_model_path,
+                                                 tmp_path_factory.mktemp("dp"),
+                                                 ENGINES)
+    play_and_stop(process,
+                  url,
+                  one_engine_answers,
+                  tiny_model_path,
+                  hook_ids,
+                  rounds=2)
+
+
+def test_two_tensor_parallel_engines_answer_as_one(one_engine_answers,
+                                                   tiny_model_path, hook_ids,
+                                                   tmp_path_factory,
+                                                   monkeypatch):
+    """Tensor parallelism inside each engine core (TP = 2 in DP = 2: four
+    CPU workers). vLLM slices the binding list by local data-parallel
+    rank, two cores an engine."""
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1|0|1")
+    work_dir = tmp_path_factory.mktemp("tp-dp")
+    process, url = dp.start_data_parallel_server(tiny_model_path,
+                                                 work_dir,
+                                                 ENGINES,
+                                                 tensor_parallel=2)
+    play_and_stop(process,
+                  url,
+                  one_engine_answers,
+                  tiny_model_path,
+                  hook_ids,
+                  rounds=1)
+    assert "tensor_parallel_size=2" in (work_dir / "server.log").read_text()
 
 
 def routed(body: dict,
