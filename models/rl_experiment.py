@@ -516,6 +516,8 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (curves, bars) = plt.subplots(1, 2, figsize=(11, 3.8))
+    # One colour a part in both panels.
+    colour = {"before": "grey", "A": "C0", "B": "C1", "C": "C2"}
     window = 5
     for name, arm in summary["arms"].items():
         log = [e for e in arm.get("log", []) if "reward" in e]
@@ -526,6 +528,7 @@ def plot(summary: dict, path: Path) -> None:
         ]
         curves.plot([e["step"] for e in log],
                     running,
+                    color=colour[name],
                     label=f"{name}: {ARMS[name]}")
     curves.set_xlabel("GRPO step")
     curves.set_ylabel(f"reward (running mean of {window})")
@@ -539,6 +542,7 @@ def plot(summary: dict, path: Path) -> None:
         bars.bar([c + i * width for c in range(len(CELLS))],
                  [part[cell]["accuracy"] for cell in CELLS],
                  width,
+                 color=colour[name],
                  label=name)
     bars.set_xticks([c + 0.4 - width / 2 for c in range(len(CELLS))])
     bars.set_xticklabels([cell.replace("_", "\n") for cell in CELLS],
