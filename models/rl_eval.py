@@ -16,6 +16,9 @@ trainer's process would compute wrong logits.
 
 Usage (in `.venv-rl`):
     python models/rl_eval.py --model CHECKPOINT --out RESULTS.json
+    # what a checkpoint writes: the first 2 tasks of each half and form
+    python models/rl_eval.py --model CHECKPOINT --out TEXTS.json \
+        --tasks 2 --texts
 """
 
 import argparse
@@ -52,12 +55,13 @@ def sampled_tokens(node) -> int:
         sampled_tokens(child) for child in node.children)
 
 
-def result_row(countries: list[str], output) -> dict:
+def result_row(countries: list[str], output, with_text: bool) -> dict:
     """One task's result from the engine's output.
 
     Args:
         countries: The task's countries.
         output: Its `RequestOutput`.
+        with_text: Add ``text``, the root's final text.
 
     Returns:
         The row described in the module's docstring.
@@ -66,7 +70,7 @@ def result_row(countries: list[str], output) -> dict:
     checked = task.Task(tuple(countries), True)
     tree = promise_tree(output)
     tokens = len(completion.token_ids)
-    return {
+    row = {
         "right":
         [int(ok) for ok in task.answers_correct(checked, completion.text)],
         "sentences":
@@ -80,14 +84,20 @@ def result_row(countries: list[str], output) -> dict:
         "tokens":
         sampled_tokens(tree) if tree else tokens,
     }
+    if with_text:
+        row["text"] = completion.text
+    return row
 
 
-def evaluate(model: Path, num_tasks: int) -> dict:
+def evaluate(model: Path, num_tasks: int, with_texts: bool = False) -> dict:
     """Runs every evaluation task of ``model`` in one `generate` call.
 
     Args:
         model: A checkpoint folder (fp32).
-        num_tasks: Tasks per half and form.
+        num_tasks: Tasks per half and form (the first ones of the full
+            evaluation's).
+        with_texts: Keep each task's text in its row (to read what a
+            checkpoint writes; the experiment's summary keeps none).
 
     Returns:
         ``seconds`` (generation only), ``tasks`` (`evaluation_tasks`'
@@ -124,7 +134,7 @@ def evaluate(model: Path, num_tasks: int) -> dict:
         "tasks":
         tasks,
         "per_task": [
-            result_row(t["countries"], output)
+            result_row(t["countries"], output, with_texts)
             for t, output in zip(tasks, outputs)
         ],
     }
@@ -135,8 +145,12 @@ def main() -> None:
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tasks", type=int, default=experiment.EVAL_TASKS)
+    parser.add_argument("--texts",
+                        action="store_true",
+                        help="keep each task's text in its row")
     args = parser.parse_args()
-    args.out.write_text(json.dumps(evaluate(args.model, args.tasks)) + "\n")
+    args.out.write_text(
+        json.dumps(evaluate(args.model, args.tasks, args.texts)) + "\n")
 
 
 if __name__ == "__main__":
