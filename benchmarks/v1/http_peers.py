@@ -52,8 +52,8 @@ Usage: .venv-v1/bin/python benchmarks/v1/http_peers.py [--quick]
     [--ks 2 4 8] [--in-flight 1 8 32 64] [--block-sizes 32 0]
     [--rounds 2] [--trace-kv SECONDS]
     [--out benchmarks/v1/results/http_peers.json]
-Plot only (needs matplotlib, e.g. the V0 venv's):
-    .venv/bin/python benchmarks/v1/http_peers.py --plot-only
+Plot only (from --out):
+    .venv-v1/bin/python benchmarks/v1/http_peers.py --plot-only
 """
 
 import argparse
@@ -618,10 +618,7 @@ def main() -> None:
                                                 time.gmtime())
     write(results, args.out)
     print_tables(results)
-    try:
-        plot(results, PLOT)
-    except ImportError:
-        print(f"no matplotlib here: {args.v0_python} {__file__} --plot-only")
+    plot(results, PLOT)
     print(f"\nwrote {args.out}")
 
 
