@@ -137,11 +137,12 @@ def answers_match_one_engine(url, one_engine_answers, tiny_model_path,
                 spawned += descendants(got["trees"][0])
     jobs = [(case, stream) for _ in range(rounds) for case in CASES
             for stream in (False, True)]
+
+    def send(job):
+        return dp.answer(url, body(hook_ids, tiny_model_path, *job))
+
     with ThreadPoolExecutor(len(jobs)) as pool:
-        answers = list(
-            pool.map(
-                lambda job: dp.answer(url, body(hook_ids, tiny_model_path, *job
-                                                )), jobs))
+        answers = list(pool.map(send, jobs))
     for (case, stream), got in zip(jobs, answers):
         expected = one_engine_answers[case[0]]
         n = (case[3] or {}).get("n", 1)
