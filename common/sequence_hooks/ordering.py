@@ -20,16 +20,20 @@ back until one does not fit. The policy therefore orders the queues:
   upstream orders its queues and picks the request to preempt. A tree's
   work goes before every request of its priority that arrived after its
   root, with no debt to count: nothing waits on anything that arrived
-  later.
+  later. It holds for every request, with `critical_path_first` on or
+  off: where the engine does not order by priority itself (V0's
+  chunked-prefill scheduler, the only one hooks use, ignores the policy),
+  the queues are ordered every step, tree or not.
 
 When parked parents hold the blocks a waiting request needs,
 `eviction_order` says which give them up first.
 """
 
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, Optional, TypeVar
 
 from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.special_kwargs import SpecialKwargs
 
 # What a queued request is: on a critical path, a new request passed over
 # for the bound, or a new request.
@@ -61,16 +65,50 @@ class CriticalPathOrder:
         bound: Steps a new request may be passed over
             (`max_steps_passed_over`).
         by_priority: Whether the scheduler's policy is priority.
+        every_step: Order the queues every step, tree or not (the engine
+            does not order them by the policy itself).
     """
 
-    def __init__(self, coordinator: PromiseCoordinator, bound: int,
-                 by_priority: bool) -> None:
+    def __init__(self,
+                 coordinator: PromiseCoordinator,
+                 bound: int,
+                 by_priority: bool,
+                 every_step: bool = False) -> None:
         self.coordinator = coordinator
         self.bound = bound
         self.by_priority = by_priority
+        self.every_step = every_step
         # New requests passed over by critical-path work, by request id:
         # steps so far (FCFS only).
         self.steps_passed_over: dict[str, int] = {}
+
+    @classmethod
+    def for_scheduler(
+            cls, coordinator: PromiseCoordinator,
+            special_kwargs: SpecialKwargs, policy: str,
+            engine_orders_by_priority: bool) -> Optional["CriticalPathOrder"]:
+        """The order a scheduler hands its queues to, if any.
+
+        Args:
+            coordinator: The lifecycle.
+            special_kwargs: The hooks' settings (`critical_path_first`,
+                `max_steps_passed_over`).
+            policy: The scheduler's policy, "fcfs" or "priority".
+            engine_orders_by_priority: Whether the engine's own scheduler
+                orders plain requests by priority under that policy (V1
+                does, V0's chunked-prefill scheduler does not).
+
+        Returns:
+            The order, or None where the engine's own order is the rule:
+            FCFS with `critical_path_first` off.
+        """
+        by_priority = policy == "priority"
+        if not (by_priority or special_kwargs.critical_path_first):
+            return None
+        return cls(coordinator,
+                   special_kwargs.max_steps_passed_over,
+                   by_priority,
+                   every_step=by_priority and not engine_orders_by_priority)
 
     def begin_step(self, queued: Callable[[], Collection[str]]) -> bool:
         """Forgets the debts of requests no longer queued.
@@ -83,9 +121,11 @@ class CriticalPathOrder:
         Returns:
             Whether to order the queues this step: with no live tree and
             no debt the engine's own order stands, at no cost (plain
-            requests are scheduled as without hooks, either policy).
+            requests are scheduled as without hooks), unless the engine
+            does not order by the policy itself (`every_step`).
         """
-        if not (self.coordinator.num_members() or self.steps_passed_over):
+        if not (self.every_step or self.coordinator.num_members()
+                or self.steps_passed_over):
             return False
         live = queued()
         self.steps_passed_over = {

@@ -36,6 +36,11 @@ BOUND = 2
 TOKENS = [PROMISE, SYNC, OFFSET + ord("a"), OFFSET + ord("b")]
 
 
+def arrival(member_id: str) -> int:
+    """A member's arrival: its root request's number."""
+    return int(member_id.split("/")[0].split("-")[1])
+
+
 class CoordinatorMachine(RuleBasedStateMachine):
     """One fake engine and the reference, fed the same events."""
 
@@ -55,6 +60,11 @@ class CoordinatorMachine(RuleBasedStateMachine):
         self.engine = FakeEngine(limits, max_model_len, reseeds, show_hooks)
         self.reference = ReferenceEngine(limits, max_model_len, reseeds)
         self.order = CriticalPathOrder(self.engine.coordinator, BOUND, False)
+        # The priority rule, on an engine that does not order by it.
+        self.by_priority = CriticalPathOrder(self.engine.coordinator,
+                                             BOUND,
+                                             True,
+                                             every_step=True)
         self.num_requests = 0
         self.add_request(2, None, 0, None, (), False)
 
@@ -177,26 +187,39 @@ class CoordinatorMachine(RuleBasedStateMachine):
         out; a request's arrival is its number, a member's its root's."""
         reference = self.reference
         queue = sorted(reference.runnable())
-
-        def arrival(member_id: str) -> int:
-            return int(member_id.split("/")[0].split("-")[1])
-
         owed = dict(self.order.steps_passed_over)
         if not self.order.begin_step(lambda: queue):
             assert not any(map(reference.on_critical_path, queue))
             return
-        ordered = self.order.waiting(
-            [Queued(i, 0, float(arrival(i))) for i in queue],
-            lambda queued: queued)
+        entries = [Queued(i, 0, float(arrival(i))) for i in queue]
+        # Both schedulers order their running queue first (nothing
+        # counted), then the waiting one.
+        running = self.order.running(entries, lambda queued: queued)
+        waiting = self.order.waiting(entries, lambda queued: queued)
         critical = [i for i in queue if reference.on_critical_path(i)]
         first = [i for i in queue if i in critical or owed.get(i, 0) >= BOUND]
         new = [i for i in queue if i not in first]
-        assert [q.request_id
-                for q in ordered] == sorted(first, key=arrival) + new
+        for ordered in (running, waiting):
+            assert [q.request_id
+                    for q in ordered] == sorted(first, key=arrival) + new
         assert self.order.steps_passed_over == {
             i: owed.get(i, 0) + (1 if i in new and critical else 0)
             for i in queue if owed.get(i, 0) or (i in new and critical)
         }
+
+    @invariant()
+    def under_priority_the_queues_are_ordered_by_priority_then_arrival(self):
+        """The priority rule against the rule written out, every step,
+        tree or not: a request's priority is its number modulo 3, a
+        member's its root's; nothing is counted as passed over."""
+        queue = sorted(self.reference.runnable())
+        assert self.by_priority.begin_step(lambda: queue)
+        expected = sorted(queue, key=lambda i: (arrival(i) % 3, arrival(i)))
+        entries = [Queued(i, arrival(i) % 3, float(arrival(i))) for i in queue]
+        for ordered in (self.by_priority.waiting(entries, lambda q: q),
+                        self.by_priority.running(entries, lambda q: q)):
+            assert [q.request_id for q in ordered] == expected
+        assert self.by_priority.steps_passed_over == {}
 
     def teardown(self):
         """Runs every member to its finish: nothing stays behind."""

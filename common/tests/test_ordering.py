@@ -16,6 +16,7 @@ from fake_engine import OFFSET, PROMISE, SYNC, FakeEngine
 from sequence_hooks.lifecycle import RequestParams
 from sequence_hooks.ordering import (CRITICAL, NEW, OVERDUE, CriticalPathOrder,
                                      Queued, eviction_order)
+from sequence_hooks.special_kwargs import SpecialKwargs
 
 CHILD = "tree/promise-0"
 # The tree's root arrived at 10.0: its child carries that arrival.
@@ -90,7 +91,8 @@ def test_no_tree_and_no_debt_leave_the_engines_order():
     engine = FakeEngine()
     order = CriticalPathOrder(engine.coordinator, 3, False)
     assert not order.begin_step(lambda: {"a", "b"})
-    # Either policy: plain requests keep the engine's own order.
+    # Either policy, where the engine orders by it: plain requests keep
+    # the engine's own order.
     assert not CriticalPathOrder(engine.coordinator, 3,
                                  True).begin_step(lambda: {"a", "b"})
     order.steps_passed_over = {"a": 2, "gone": 1}
@@ -139,3 +141,47 @@ def test_a_coordinators_parked_members_are_its_eviction_candidates():
     # the child's prefix hit.
     assert eviction_order(parked, set(),
                           coordinator.ancestors(CHILD)) == ["other", "tree"]
+
+
+@pytest.mark.parametrize("critical_path_first", [True, False])
+@pytest.mark.parametrize("engine_orders_by_priority", [True, False])
+def test_the_priority_rule_holds_with_or_without_critical_path_first(
+        critical_path_first, engine_orders_by_priority):
+    """Under priority the rule is the user's, not `critical_path_first`'s:
+    an engine that does not order by priority itself (V0) gets its queues
+    ordered every step, plain requests included."""
+    engine = FakeEngine()
+    special_kwargs = SpecialKwargs(sync_token_id=SYNC,
+                                   promise_token_id=PROMISE,
+                                   critical_path_first=critical_path_first)
+    order = CriticalPathOrder.for_scheduler(engine.coordinator, special_kwargs,
+                                            "priority",
+                                            engine_orders_by_priority)
+    assert order is not None and order.by_priority
+    # No tree: only an engine that does not order by priority is ordered.
+    assert order.begin_step(set) is not engine_orders_by_priority
+    plain = [
+        Queued("late", 0, 2.0),
+        Queued("low", 1, 0.0),
+        Queued("early", 0, 1.0)
+    ]
+    assert ids(order.waiting(plain, same)) == ["early", "late", "low"]
+
+
+@pytest.mark.parametrize("critical_path_first", [True, False])
+def test_under_fcfs_critical_path_first_decides_whether_to_order(
+        critical_path_first):
+    special_kwargs = SpecialKwargs(sync_token_id=SYNC,
+                                   promise_token_id=PROMISE,
+                                   critical_path_first=critical_path_first,
+                                   max_steps_passed_over=4)
+    for engine_orders_by_priority in (True, False):
+        order = CriticalPathOrder.for_scheduler(FakeEngine().coordinator,
+                                                special_kwargs, "fcfs",
+                                                engine_orders_by_priority)
+        if not critical_path_first:
+            assert order is None
+            continue
+        assert order is not None
+        assert (order.bound, order.by_priority) == (4, False)
+        assert not order.begin_step(set)

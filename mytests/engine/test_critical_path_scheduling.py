@@ -19,7 +19,8 @@ from sequence_hooks_testkit.engines import (assert_engine_clean, run_hooked,
 from sequence_hooks_testkit.harness import make_harness
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.priority_case import (ADMITTED, ARRIVALS, CHILD,
-                                                  PRIORITY, WAITING)
+                                                  PLAIN_WAITING, PRIORITY,
+                                                  WAITING)
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from vllm import SamplingParams
 from vllm.config import SpecialKwargs
@@ -171,11 +172,37 @@ def test_children_take_their_roots_arrival_time_and_priority(
 
 def test_with_the_priority_policy_priority_then_arrival_decide(
         tiny_tokenizer_path, hook_ids):
-    """The priority rule's case (`priority_case`), as V1 plays it."""
-    harness = make_harness(tiny_tokenizer_path, hook_ids, {
+    """The priority rule's case (`priority_case`) on V0's scheduler, as
+    `v1/tests/test_v1_critical_path.py` plays it on V1's."""
+    harness, parent = priority_case_arrived(tiny_tokenizer_path, hook_ids)
+    harness.step({"parent": hook_ids.promise})
+    assert [node.request_id for node in children_of(parent)] == [CHILD]
+    harness.step({"parent": hook_ids.sync})
+
+    scheduled = {s.request_id for s in harness.step()}
+    assert scheduled == {"busy", ADMITTED}
+    assert waiting_ids(harness) == WAITING
+
+
+@pytest.mark.parametrize("critical_path_first", [True, False])
+def test_with_the_priority_policy_plain_requests_wait_by_priority(
+        tiny_tokenizer_path, hook_ids, critical_path_first):
+    """The plain case (`priority_case`): upstream's chunked-prefill
+    scheduler ignores the policy, the hooks' order does not."""
+    harness, _ = priority_case_arrived(tiny_tokenizer_path,
+                                       hook_ids,
+                                       critical_path_first=critical_path_first)
+    assert {s.request_id for s in harness.step()} == {"parent", "busy"}
+    assert waiting_ids(harness) == PLAIN_WAITING
+
+
+def priority_case_arrived(tokenizer_path, ids, **hook_options):
+    """`priority_case`'s engine after its arrivals: the harness, and the
+    parent's group."""
+    harness = make_harness(tokenizer_path, ids, {
         "max_num_seqs": 2,
         "policy": "priority"
-    })
+    }, **hook_options)
     parent = harness.add("parent", PROMPT, params(), priority=PRIORITY)
     harness.add("busy", PROMPT, params(), priority=PRIORITY)
     harness.step()
@@ -185,13 +212,7 @@ def test_with_the_priority_policy_priority_then_arrival_decide(
                     params(),
                     priority=priority,
                     arrival_time=parent.arrival_time + after_parent)
-    harness.step({"parent": hook_ids.promise})
-    assert [node.request_id for node in children_of(parent)] == [CHILD]
-    harness.step({"parent": hook_ids.sync})
-
-    scheduled = {s.request_id for s in harness.step()}
-    assert scheduled == {"busy", ADMITTED}
-    assert waiting_ids(harness) == WAITING
+    return harness, parent
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -10,6 +10,10 @@ carrying its root's).
 Two slots (`max_num_seqs` = 2), both taken by "parent" and "busy"
 (priority 1). The requests of `ARRIVALS` arrive; "parent" promises once
 (its child is `CHILD`) and parks at its `<sync>`, which frees a slot.
+
+The plain case: the same arrivals while "parent" never promises. With no
+tree, `critical_path_first` on or off, they wait in `PLAIN_WAITING`'s
+order (V0's chunked-prefill scheduler ignores the policy on its own).
 """
 
 # (request id, priority, arrival time less the parent's), in the order the
@@ -22,3 +26,5 @@ CHILD = "parent/promise-0"
 # admitted: "early" arrived before the parent, "same" after it.
 ADMITTED = "urgent"
 WAITING = ["early", CHILD, "same", "low"]
+# The plain case's waiting queue, in the order it is admitted.
+PLAIN_WAITING = ["urgent", "early", "same", "low"]

@@ -17,7 +17,8 @@ from vllm_sequence_hooks.scheduler import SequenceHookScheduler, queued
 
 from sequence_hooks.ordering import CRITICAL, NEW, OVERDUE, CriticalPathOrder
 from sequence_hooks_testkit.priority_case import (ADMITTED, ARRIVALS, CHILD,
-                                                  PRIORITY, WAITING)
+                                                  PLAIN_WAITING, PRIORITY,
+                                                  WAITING)
 from sequence_hooks_testkit.v1_batch_queue import (FILLER, BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
@@ -171,44 +172,14 @@ def test_critical_path_work_is_preempted_last(tiny_model_path, hook_ids,
 
 def test_with_the_priority_policy_priority_then_arrival_decide(
         tiny_model_path, hook_ids):
-    """The priority rule's case (`priority_case`), as V0 plays it: the
-    waiting queue is upstream's heap, a child carrying its root's arrival
-    time and priority."""
-    scheduler = make_scheduler(SequenceHookScheduler,
-                               tiny_model_path,
-                               False, {
-                                   "sync_token_id": hook_ids.sync,
-                                   "promise_token_id": hook_ids.promise,
-                               },
-                               max_num_seqs=2,
-                               policy="priority")
-
-    def sample(request_id: str, position: int) -> int:
-        if request_id == "parent":
-            return {
-                0: hook_ids.promise,
-                1: hook_ids.sync
-            }.get(position, FILLER)
-        return FILLER
-
-    driver = BatchQueueDriver(scheduler, sample, depth=1)
-    for request_id in ["parent", "busy"]:
-        driver.add(
-            make_request(scheduler,
-                         request_id, [FILLER + 1] * 8,
-                         64,
-                         hook_ids.eos,
-                         priority=PRIORITY))
-    driver.step()
+    """The priority rule's case (`priority_case`) on V1's scheduler, as
+    `mytests/engine/test_critical_path_scheduling.py` plays it on V0's:
+    the waiting queue is upstream's heap, a child carrying its root's
+    arrival time and priority."""
+    scheduler, driver = priority_case_arrived(tiny_model_path,
+                                              hook_ids,
+                                              promises=True)
     parent = scheduler.requests["parent"]
-    for request_id, priority, after_parent in ARRIVALS:
-        request = make_request(scheduler,
-                               request_id, [FILLER + 1] * 8,
-                               64,
-                               hook_ids.eos,
-                               priority=priority)
-        request.arrival_time = parent.arrival_time + after_parent
-        driver.add(request)
     while not scheduler.coordinator.num_parked():
         driver.step()
     child = scheduler.requests[CHILD]
@@ -221,3 +192,67 @@ def test_with_the_priority_policy_priority_then_arrival_decide(
                      output.scheduled_cached_reqs.req_ids)
     assert scheduled == {"busy", ADMITTED}
     assert [request.request_id for request in scheduler.waiting] == WAITING
+
+
+@pytest.mark.parametrize("critical_path_first", [True, False])
+def test_with_the_priority_policy_plain_requests_wait_by_priority(
+        tiny_model_path, hook_ids, critical_path_first):
+    """The plain case (`priority_case`): upstream's heap orders it."""
+    scheduler, _ = priority_case_arrived(
+        tiny_model_path,
+        hook_ids,
+        promises=False,
+        critical_path_first=critical_path_first)
+    output = scheduler.schedule()
+    assert set(output.scheduled_cached_reqs.req_ids) == {"parent", "busy"}
+    assert not output.scheduled_new_reqs
+    assert [request.request_id
+            for request in scheduler.waiting] == PLAIN_WAITING
+
+
+def priority_case_arrived(model_path, ids, promises: bool, **hook_options):
+    """`priority_case`'s scheduler after its arrivals.
+
+    Args:
+        model_path: The tiny model.
+        ids: Its hook ids.
+        promises: Whether "parent" promises, then syncs.
+        hook_options: Further `SpecialKwargs` fields.
+
+    Returns:
+        The scheduler and its driver.
+    """
+    scheduler = make_scheduler(SequenceHookScheduler,
+                               model_path,
+                               False, {
+                                   "sync_token_id": ids.sync,
+                                   "promise_token_id": ids.promise,
+                                   **hook_options
+                               },
+                               max_num_seqs=2,
+                               policy="priority")
+
+    def sample(request_id: str, position: int) -> int:
+        if promises and request_id == "parent":
+            return {0: ids.promise, 1: ids.sync}.get(position, FILLER)
+        return FILLER
+
+    driver = BatchQueueDriver(scheduler, sample, depth=1)
+    for request_id in ["parent", "busy"]:
+        driver.add(
+            make_request(scheduler,
+                         request_id, [FILLER + 1] * 8,
+                         64,
+                         ids.eos,
+                         priority=PRIORITY))
+    driver.step()
+    parent = scheduler.requests["parent"]
+    for request_id, priority, after_parent in ARRIVALS:
+        request = make_request(scheduler,
+                               request_id, [FILLER + 1] * 8,
+                               64,
+                               ids.eos,
+                               priority=priority)
+        request.arrival_time = parent.arrival_time + after_parent
+        driver.add(request)
+    return scheduler, driver

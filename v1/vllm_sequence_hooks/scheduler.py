@@ -116,11 +116,13 @@ class SequenceHookScheduler(ParkingScheduler):
         self.coordinator = PromiseCoordinator.for_tokenizer(
             special_kwargs, self, self.max_model_len, self.tokenizer,
             self.metrics)
-        # `critical_path_first`: the queues' order before each step.
-        self.order = (CriticalPathOrder(
-            self.coordinator, special_kwargs.max_steps_passed_over,
-            vllm_config.scheduler_config.policy == "priority")
-                      if special_kwargs.critical_path_first else None)
+        # The queues' order before each step (upstream's own heaps order
+        # plain requests by priority under that policy).
+        self.order = CriticalPathOrder.for_scheduler(
+            self.coordinator,
+            special_kwargs,
+            vllm_config.scheduler_config.policy,
+            engine_orders_by_priority=True)
         self.sample_trees = SampleTrees()
         self.child_preemptions = ChildPreemptions()
         self.stop_strings = StopStringChecks(self.tokenizer)

@@ -28,7 +28,8 @@ class SchedulerHooks(Protocol):
         """A group of a promise tree that an abort finished."""
         ...
 
-    # `critical_path_first`'s order of the queues; None when off.
+    # The queues' order (`CriticalPathOrder.for_scheduler`); None where
+    # upstream's order stands (FCFS, `critical_path_first` off).
     order: Optional[CriticalPathOrder]
 
     def eviction_order(self, evicted: Set[str],
@@ -66,7 +67,9 @@ class SequenceHookScheduler(Scheduler):
     `_order_queues`): children of parked parents and resumed parents are
     admitted from the waiting queue before new requests and are the last
     running groups preempted, within a bound on how long a new request may
-    be passed over; under the priority policy, by priority then arrival.
+    be passed over. Under the priority policy, which upstream's
+    chunked-prefill scheduling ignores, the policy orders both queues by
+    priority then arrival every step, plain requests included.
 
     It reports to the engine's hooks (`SchedulerHooks`) what it scheduled,
     ignored and aborted, and asks them for the queues' order and which

@@ -107,11 +107,14 @@ class V0PromiseAdapter:
         self.coordinator = PromiseCoordinator.for_tokenizer(
             special_kwargs, self, max_model_len,
             detokenizer.tokenizer_group.get_lora_tokenizer(None), metrics)
-        # `critical_path_first`: the order the scheduler gives its queues.
-        self.order = (CriticalPathOrder(
-            self.coordinator, special_kwargs.max_steps_passed_over,
-            scheduler.scheduler_config.policy == "priority")
-                      if special_kwargs.critical_path_first else None)
+        # The order the scheduler gives its queues: upstream's
+        # chunked-prefill scheduler ignores the priority policy, so under
+        # it the queues are ordered every step.
+        self.order = CriticalPathOrder.for_scheduler(
+            self.coordinator,
+            special_kwargs,
+            scheduler.scheduler_config.policy,
+            engine_orders_by_priority=False)
         # Live groups of promise trees, by request id.
         self.groups: Dict[str, SequenceGroup] = {}
         # Where each live child's own output starts.
