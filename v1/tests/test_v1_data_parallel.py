@@ -39,7 +39,8 @@ from sequence_hooks_testkit.server import stop_server
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
 from sequence_hooks_testkit.v1_server import (metric, scripted_body,
                                               start_hooked_v1_server)
-from vllm.config import ParallelConfig
+from vllm.config import ModelConfig, ParallelConfig
+from vllm.engine.arg_utils import EngineArgs
 
 ENGINES = 2
 # (name, program, chat, sampling): sampling None is greedy `n = 1`.
@@ -314,8 +315,11 @@ def test_a_dense_models_engine_core_sees_one_engine(tiny_model_path, hook_ids):
                    parallel_config=parallel)
 
 
-def test_a_lockstep_engine_core_is_refused(tiny_model_path, hook_ids):
-    """A MoE model's engine cores keep the deployment's size."""
+def test_a_lockstep_engine_core_is_refused(tiny_model_path, hook_ids,
+                                           monkeypatch):
+    """A MoE model's engine cores keep the deployment's size (the tiny
+    model given experts: no MoE checkpoint here)."""
+    monkeypatch.setattr(ModelConfig, "get_num_experts", lambda self: 8)
     with pytest.raises(ValueError, match="data parallelism of MoE models"):
         make_scheduler(SequenceHookScheduler,
                        tiny_model_path,
@@ -324,6 +328,25 @@ def test_a_lockstep_engine_core_is_refused(tiny_model_path, hook_ids):
                            "promise_token_id": hook_ids.promise
                        },
                        parallel_config=ParallelConfig(data_parallel_size=2))
+
+
+def test_a_moe_model_is_refused_before_any_engine_core_starts(
+        tiny_model_path, hook_ids, monkeypatch):
+    """In the API process (`EngineArgs.create_engine_config`, as `vllm
+    serve` calls it) a dense model's data parallelism passes and a MoE
+    model's is refused."""
+    engine_args = EngineArgs(model=str(tiny_model_path),
+                             dtype="float32",
+                             data_parallel_size=2,
+                             special_kwargs={
+                                 "sync_token_id": hook_ids.sync,
+                                 "promise_token_id": hook_ids.promise
+                             })
+    assert engine_args.create_engine_config(
+    ).parallel_config.data_parallel_size == 2
+    monkeypatch.setattr(ModelConfig, "get_num_experts", lambda self: 8)
+    with pytest.raises(ValueError, match="data parallelism of MoE models"):
+        engine_args.create_engine_config()
 
 
 def test_a_sample_without_its_siblings_is_logged():

@@ -170,13 +170,22 @@ def test_serve_help_lists_the_flag():
     (SPECIAL_KWARGS, ("--skip-tokenizer-init", ),
      "ValueError: special_kwargs: sequence hooks cannot run with "
      "skip_tokenizer_init"),
+    (SPECIAL_KWARGS, ("--no-enable-prefix-caching", ),
+     "ValueError: special_kwargs: sequence hooks on V1 share the parent's "
+     "KV blocks through the prefix cache"),
+    (SPECIAL_KWARGS,
+     ("--speculative-config", '{"method": "ngram", "num_speculative_tokens"'
+      ': 2, "prompt_lookup_max": 2}'),
+     "ValueError: special_kwargs: sequence hooks do not support "
+     "speculative decoding"),
     (SPECIAL_KWARGS,
      ("--scheduler-cls", "vllm.v1.core.sched.scheduler.Scheduler"),
      "ValueError: special_kwargs runs the hooks' scheduler"),
 ],
                          ids=[
                              "unknown-key", "no-promise", "not-one-token",
-                             "eos", "skip-tokenizer-init", "other-scheduler"
+                             "eos", "skip-tokenizer-init", "no-prefix-caching",
+                             "speculative-decoding", "other-scheduler"
                          ])
 def test_vllm_serve_refuses_bad_hooks_before_any_engine_starts(
         tiny_model_path, hook_ids, special_kwargs, extra, reason):

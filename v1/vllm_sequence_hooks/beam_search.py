@@ -4,7 +4,9 @@
 
 Loaded with `vllm serve ... --middleware
 vllm_sequence_hooks.beam_search.RefuseBeamSearch`, vLLM's own option for
-ASGI middleware; nothing of vLLM is patched.
+ASGI middleware (`--special-kwargs` adds it); nothing of vLLM is patched.
+The module keeps its name, what beam search meets here, because
+five-flag command lines name it.
 
 Why here: vLLM's frontend runs beam search (`use_beam_search` on
 `/v1/completions` and `/v1/chat/completions`) as one one-token request per

@@ -34,6 +34,41 @@ MIDDLEWARE = ("vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown",
               "vllm_sequence_hooks.data_parallel.SamplesOnOneEngine")
 
 
+def refuse_unservable(vllm_config: VllmConfig) -> None:
+    """Refuses an engine configuration the hooks cannot serve. Checked in
+    the API process before any engine core starts
+    (`engine_args.check_hooks_config`) and again by the scheduler, for an
+    engine built without `EngineArgs`.
+
+    Args:
+        vllm_config: The engine's configuration.
+
+    Raises:
+        ValueError: for speculative decoding, prefix caching off, data
+            parallelism of a MoE model or `skip_tokenizer_init`.
+    """
+    if vllm_config.speculative_config is not None:
+        raise ValueError("special_kwargs: sequence hooks do not support "
+                         "speculative decoding: a hook acts on one sampled "
+                         "token a step")
+    if not vllm_config.cache_config.enable_prefix_caching:
+        raise ValueError("special_kwargs: sequence hooks on V1 share the "
+                         "parent's KV blocks through the prefix cache: keep "
+                         "enable_prefix_caching on")
+    # vLLM gives each engine core of a dense model its own configuration
+    # with data_parallel_size 1 (`reconfigure_for_independent_dp_rank`): its
+    # engines are independent. A MoE model's engine cores step in lockstep
+    # (`DPEngineCoreProc`: dummy batches, collective waves).
+    if (vllm_config.parallel_config.data_parallel_size > 1
+            and vllm_config.model_config.is_moe):
+        raise ValueError("special_kwargs: sequence hooks do not support "
+                         "data parallelism of MoE models: their engine cores "
+                         "step in lockstep, which has never run with hooks; "
+                         "dense models run with --data-parallel-size N")
+    if vllm_config.model_config.skip_tokenizer_init:
+        raise ValueError(SKIP_TOKENIZER_INIT)
+
+
 def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
     """Reads and validates the hooks' configuration.
 

@@ -35,9 +35,9 @@ import argparse
 import functools
 from typing import Any, Callable
 
-from vllm_sequence_hooks.config import (CONFIG_KEY, SKIP_TOKENIZER_INIT,
-                                        check_special_kwargs, fields_of,
-                                        hooked_settings, special_kwargs_of)
+from vllm_sequence_hooks.config import (CONFIG_KEY, check_special_kwargs,
+                                        fields_of, hooked_settings,
+                                        refuse_unservable, special_kwargs_of)
 
 from sequence_hooks import SpecialKwargs
 from vllm.config import VllmConfig
@@ -119,15 +119,13 @@ def check_hooks_config(vllm_config: VllmConfig) -> None:
     process; nothing without hooks.
 
     Raises:
-        ValueError: if the hooks cannot run on it: no tokenizer, a token
-            string that is not one token, an id outside the vocabulary or
-            the EOS token.
+        ValueError: if the hooks cannot run on it: a setting they cannot
+            serve (`config.refuse_unservable`), a token string that is not
+            one token, an id outside the vocabulary or the EOS token.
     """
     if CONFIG_KEY not in (vllm_config.additional_config or {}):
         return
-    model_config = vllm_config.model_config
-    if model_config.skip_tokenizer_init:
-        raise ValueError(SKIP_TOKENIZER_INIT)
+    refuse_unservable(vllm_config)
     try:
         check_special_kwargs(special_kwargs_of(vllm_config), vllm_config)
     except ValueError as e:

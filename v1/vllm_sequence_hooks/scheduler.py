@@ -16,9 +16,9 @@ V1 requests, with the KV mechanics of `parking`, the transport of
 from collections import deque
 from typing import Any, Optional
 
-from vllm_sequence_hooks.config import (REQUEST_CHECK, SKIP_TOKENIZER_INIT,
-                                        check_special_kwargs,
-                                        names_request_check, special_kwargs_of)
+from vllm_sequence_hooks.config import (REQUEST_CHECK, check_special_kwargs,
+                                        names_request_check, refuse_unservable,
+                                        special_kwargs_of)
 from vllm_sequence_hooks.parking import ParkingScheduler
 from vllm_sequence_hooks.seams import check_vllm_version
 from vllm_sequence_hooks.stop_strings import StopStringChecks, frontend_text
@@ -70,32 +70,12 @@ class SequenceHookScheduler(ParkingScheduler):
     def __init__(self, vllm_config: VllmConfig, *args, **kwargs) -> None:
         # First: every member reached below was checked on these versions.
         check_vllm_version()
-        if vllm_config.speculative_config is not None:
-            raise ValueError("sequence hooks do not support speculative "
-                             "decoding: a hook acts on one sampled token a "
-                             "step")
+        refuse_unservable(vllm_config)
         super().__init__(vllm_config, *args, **kwargs)
-        if not self.kv_cache_manager.enable_caching:
-            raise ValueError("sequence hooks on V1 share the parent's KV "
-                             "blocks through the prefix cache: keep "
-                             "enable_prefix_caching on")
         # Pipeline parallelism needs nothing of its own: V1 has one
         # scheduler, which the engine core's batch queue drives with up to
         # `max_concurrent_batches` batches in flight, as under async
         # scheduling (docs/running-at-scale.md).
-        if vllm_config.parallel_config.data_parallel_size > 1:
-            # vLLM gives each engine core of a dense model its own
-            # configuration with data_parallel_size 1
-            # (`reconfigure_for_independent_dp_rank`): its engines are
-            # independent. Only an engine core that steps in lockstep with
-            # the others (a MoE model's `DPEngineCoreProc`) still sees it.
-            raise ValueError(
-                "sequence hooks do not support data parallelism of MoE "
-                "models: their engine cores step in lockstep (dummy "
-                "batches, collective waves), which has never run with "
-                "hooks; dense models run with --data-parallel-size N")
-        if vllm_config.model_config.skip_tokenizer_init:
-            raise ValueError(SKIP_TOKENIZER_INIT)
         self.tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
         try:
             special_kwargs = check_special_kwargs(

@@ -225,10 +225,9 @@ SEAMS: tuple[Seam, ...] = (
         "eviction frees a parked parent's blocks (one a child shares "
         "stays with the child)", _EVICT),
     Seam(
-        f"{_KV}.{{enable_caching,empty_kv_cache_blocks,block_pool,usage}}",
-        "reads",
-        "prefix caching is required; no hit for a child whose parent lost "
-        "its blocks; free blocks for eviction; the KV usage gauge", _NEVER),
+        f"{_KV}.{{empty_kv_cache_blocks,block_pool,usage}}", "reads",
+        "no hit for a child whose parent lost its blocks; free blocks for "
+        "eviction; the KV usage gauge", _NEVER),
     Seam("vllm.v1.core.kv_cache_manager:KVCacheBlocks.blocks", "reads",
          "the parent's blocks, per KV cache group", _FORK),
     Seam("vllm.v1.core.block_pool:BlockPool.get_num_free_blocks", "calls",
@@ -487,15 +486,28 @@ SEAMS: tuple[Seam, ...] = (
     # Configuration.
     Seam(
         "vllm.config:VllmConfig.{additional_config,scheduler_config,"
-        "model_config,speculative_config,parallel_config}", "reads",
+        "model_config,speculative_config,parallel_config,cache_config}",
+        "reads",
         "`special_kwargs` in `additional_config`; the scheduler's and the "
         "model's configuration; speculative decoding refused (a hook acts "
-        "on one sampled token a step); data parallelism refused", _PUBLIC),
+        "on one sampled token a step), data parallelism of a MoE model and "
+        "prefix caching off refused", _PUBLIC),
     Seam(
         "vllm.config:ParallelConfig.data_parallel_size", "reads",
-        "an engine core that sees more than 1 steps in lockstep with the "
-        "others (a MoE model's): refused; a dense model's engine core is "
+        "more than 1 for a MoE model (`ModelConfig.is_moe`): its engine "
+        "cores step in lockstep, refused; a dense model's engine core is "
         "given 1", "data parallelism of MoE models runs with hooks"),
+    Seam(
+        "vllm.config:ModelConfig.is_moe", "reads",
+        "whether data parallelism runs lockstep engine cores (upstream's "
+        "own test in `EngineCoreProc.run_engine_core`): refused before "
+        "any engine core starts", "data parallelism of MoE models runs "
+        "with hooks"),
+    Seam(
+        "vllm.config:CacheConfig.enable_prefix_caching", "reads",
+        "prefix caching is required (a child's context is a prefix hit "
+        "on its parent's blocks): refused off before any engine core "
+        "starts", _PUBLIC),
     Seam(
         "vllm.config:ParallelConfig.{data_parallel_size_local,"
         "local_engines_only}", "reads",
