@@ -139,12 +139,12 @@ def main() -> None:
         model = str(prepare_base_model.merge_delta())
         chat, default_prompts = True, REAL_MODEL_PROMPTS
         system = args.system or capitals_task.SYSTEM_PARALLEL
-    hooks = {
+    special_kwargs = {
         "sync_token": args.sync_token,
         "promise_token": args.promise_token,
         "child_role_token": args.child_role_token or None
     }
-    llm = hooked_llm(args.engine, model, hooks)
+    llm = hooked_llm(args.engine, model, special_kwargs)
     prompts = args.prompt or default_prompts
     requests = requests_of(llm, prompts, system) if chat else prompts
     params = SamplingParams(temperature=args.temperature,
@@ -173,13 +173,13 @@ def main() -> None:
         print(f"\ntimeline ({steps} engine steps): {args.timeline}")
 
 
-def hooked_llm(engine: str, model: str, hooks: dict):
+def hooked_llm(engine: str, model: str, special_kwargs: dict):
     """A hooked `LLM` of ``model`` (fp32, eager) on the V0 fork or on V1.
 
     Args:
         engine: "v0" or "v1".
         model: The model's folder.
-        hooks: `SpecialKwargs` fields, token strings.
+        special_kwargs: `SpecialKwargs` fields, token strings.
     """
     from vllm import LLM
     engine_args = dict(model=model,
@@ -188,9 +188,9 @@ def hooked_llm(engine: str, model: str, hooks: dict):
                        dtype="float32")
     if engine == "v1":
         from vllm_sequence_hooks import hooked_engine_args
-        return LLM(**engine_args, **hooked_engine_args(hooks))
+        return LLM(**engine_args, **hooked_engine_args(special_kwargs))
     from vllm.config import SpecialKwargs
-    return LLM(**engine_args, special_kwargs=SpecialKwargs(**hooks))
+    return LLM(**engine_args, special_kwargs=SpecialKwargs(**special_kwargs))
 
 
 if __name__ == "__main__":

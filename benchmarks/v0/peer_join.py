@@ -115,9 +115,9 @@ class Workload:
         sync, promise, child = self.tokenizer.convert_tokens_to_ids(
             [SYNC, PROMISE, CHILD])
         self.ids = HookIds(sync, promise, child, self.tokenizer.eos_token_id)
-        self.hooks = SpecialKwargs(sync_token_id=sync,
-                                   promise_token_id=promise,
-                                   child_role_token_id=child)
+        self.special_kwargs = SpecialKwargs(sync_token_id=sync,
+                                            promise_token_id=promise,
+                                            child_role_token_id=child)
         if self.real:
             from sequence_hooks_testkit.training import capitals_task
             self.capitals = capitals_task
@@ -265,7 +265,7 @@ def in_process(workload: Workload, block_size: int, ks, repeats: int):
     def run_join(task: Task, request_id: str):
         sender = EngineSender(stock.llm_engine, {"temperature": 0.0})
         join = JoinTask(request_id, task.prompt_ids, task.max_tokens,
-                        workload.hooks, workload.max_model_len,
+                        workload.special_kwargs, workload.max_model_len,
                         workload.tokenizer, sender,
                         workload.join_options(task, over_http=False))
         sender.run([join])
@@ -413,8 +413,8 @@ class HttpSides:
         self.joins += 1
         result = await run_join(self.sender, f"join-{self.joins}",
                                 task.prompt_ids, task.max_tokens,
-                                self.workload.hooks, self.max_model_len,
-                                self.workload.tokenizer,
+                                self.workload.special_kwargs,
+                                self.max_model_len, self.workload.tokenizer,
                                 self.workload.join_options(task, True))
         return result.text, result.requests
 

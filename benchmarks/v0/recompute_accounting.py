@@ -240,12 +240,12 @@ def client_join(llm, recorder: PrefillRecorder, prompts, plans,
     recorder.clear()
     engine = llm.llm_engine
     sender = LabellingSender(engine, ids)
-    hooks = SpecialKwargs(sync_token_id=ids.sync,
-                          promise_token_id=ids.promise,
-                          child_role_token_id=ids.child)
+    special_kwargs = SpecialKwargs(sync_token_id=ids.sync,
+                                   promise_token_id=ids.promise,
+                                   child_role_token_id=ids.child)
     tasks = [
         JoinTask(f"join-{k}-{c}", prompt, max_tokens,
-                 hooks, engine.model_config.max_model_len,
+                 special_kwargs, engine.model_config.max_model_len,
                  engine.get_tokenizer(), sender, scripted_options(plans, ids))
         for c, prompt in enumerate(prompts)
     ]

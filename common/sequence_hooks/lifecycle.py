@@ -434,16 +434,16 @@ class PromiseCoordinator:
         if member is None:
             member = self._track_root(member_id, params)
         tree, node = member.tree.state, member.node
-        limits = self.special_kwargs
-        if (len(node.children) >= limits.max_children_per_sequence
-                or tree.num_spawned >= limits.max_children_per_request
-                or node.depth >= limits.max_depth):
+        special_kwargs = self.special_kwargs
+        if (len(node.children) >= special_kwargs.max_children_per_sequence
+                or tree.num_spawned >= special_kwargs.max_children_per_request
+                or node.depth >= special_kwargs.max_depth):
             tree.num_refused += 1
             self.metrics.promises_refused.inc()
             return
         request = member.tree.params
         index = len(node.children)
-        marker = limits.child_role_token_id
+        marker = special_kwargs.child_role_token_id
         spec = ChildSpec(request_id=child_request_id(tree.root.request_id,
                                                      tree.num_spawned),
                          parent_id=member_id,

@@ -270,9 +270,9 @@ def hooked_trl_engine(special_kwargs: Any,
     Yields:
         Nothing: TRL's trainer is built inside the block.
     """
-    hooks = hooked_engine_args(special_kwargs)
-    limits = SpecialKwargs.parse(special_kwargs)
-    tree_size = max_tree_size or 1 + limits.max_children_per_request
+    hooked_args = hooked_engine_args(special_kwargs)
+    parsed = SpecialKwargs.parse(special_kwargs)
+    tree_size = max_tree_size or 1 + parsed.max_children_per_request
 
     stock = trl_vllm_generation.LLM
 
@@ -281,7 +281,7 @@ def hooked_trl_engine(special_kwargs: Any,
             engine_args["max_num_seqs"] *= tree_size
         if dtype is not None:
             engine_args["dtype"] = dtype
-        return stock(**engine_args, **hooks)
+        return stock(**engine_args, **hooked_args)
 
     trl_vllm_generation.LLM = hooked_llm
     try:

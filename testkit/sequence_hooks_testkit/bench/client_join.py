@@ -251,7 +251,7 @@ class JoinTask:
         prompt_ids: The request's prompt.
         max_tokens: The request's budget (each child's, for its own
             tokens).
-        hooks: The hook tokens, merge separator and limits, as ids.
+        special_kwargs: The hook tokens, merge separator and limits, as ids.
         max_model_len: The engine's longest sequence.
         tokenizer: The model's tokenizer.
         sender: Where requests go.
@@ -263,7 +263,7 @@ class JoinTask:
                  task_id: str,
                  prompt_ids: list[int],
                  max_tokens: int,
-                 hooks: SpecialKwargs,
+                 special_kwargs: SpecialKwargs,
                  max_model_len: int,
                  tokenizer,
                  sender: RequestSender,
@@ -272,14 +272,14 @@ class JoinTask:
         self.task_id = task_id
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = max_tokens
-        self.hooks = hooks
+        self.special_kwargs = special_kwargs
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self.sender = sender
         self.options = options or (lambda role, sampled: {})
         self.on_done = on_done
         self.coordinator = PromiseCoordinator.for_tokenizer(
-            hooks, self, max_model_len, tokenizer)
+            special_kwargs, self, max_model_len, tokenizer)
         self.sequences = {
             task_id:
             JoinSequence(task_id, (), new_text(tokenizer, self.prompt_ids),
@@ -309,7 +309,8 @@ class JoinTask:
         self.prompt_tokens += len(prompt)
         self.sender.submit(
             JoinRequest(
-                request_id, prompt, budget, [self.hooks.sync_token_id],
+                request_id, prompt, budget,
+                [self.special_kwargs.sync_token_id],
                 self.options(seq.role,
                              seq.sampled), lambda ids, reason: self._on_output(
                                  seq, request_id, ids, reason), self._fail))
@@ -336,7 +337,7 @@ class JoinTask:
             seq.text.append(token_id)
             seq.sampled += 1
             last = finish_reason is not None and i == len(token_ids) - 1
-            if token_id == self.hooks.promise_token_id and not last:
+            if token_id == self.special_kwargs.promise_token_id and not last:
                 self.coordinator.promise(
                     member_id, len(seq.text.ids),
                     RequestParams(prompt_len=len(self.prompt_ids),
@@ -345,7 +346,7 @@ class JoinTask:
             return
         seq.request_id = None
         own = seq.own_ids
-        if (own and own[-1] == self.hooks.sync_token_id
+        if (own and own[-1] == self.special_kwargs.sync_token_id
                 and finish_reason == "stop"):
             if (len(own) >= self.max_tokens
                     or len(seq.text.ids) >= self.max_model_len):
@@ -506,7 +507,7 @@ class EngineSender:
 def run_joins(engine,
               prompts: list[list[int]],
               max_tokens: int,
-              hooks: SpecialKwargs,
+              special_kwargs: SpecialKwargs,
               options: Optional[list[Optional[OptionsFn]]] = None,
               defaults: Optional[dict] = None) -> list[JoinResult]:
     """Runs one join per prompt, all at once, on an in-process engine.
@@ -515,7 +516,7 @@ def run_joins(engine,
         engine: A stock `LLMEngine`.
         prompts: The prompts, as token ids.
         max_tokens: Each request's budget.
-        hooks: The hook configuration, resolved to ids.
+        special_kwargs: The hook configuration, resolved to ids.
         options: Per prompt, its extra options per sequence and segment.
         defaults: `SamplingParams` arguments of every request.
 
@@ -527,7 +528,7 @@ def run_joins(engine,
     max_model_len = engine.model_config.max_model_len
     options = options or [None] * len(prompts)
     tasks = [
-        JoinTask(f"join-{i}-{id(sender)}", prompt, max_tokens, hooks,
+        JoinTask(f"join-{i}-{id(sender)}", prompt, max_tokens, special_kwargs,
                  max_model_len, tokenizer, sender, task_options)
         for i, (prompt, task_options) in enumerate(zip(prompts, options))
     ]

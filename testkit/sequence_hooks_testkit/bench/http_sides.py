@@ -178,9 +178,9 @@ class Workload:
         self.tokenizer = get_tokenizer(model)
         sync, promise, child = self.tokenizer.convert_tokens_to_ids(
             [capitals_task.SYNC, capitals_task.PROMISE, capitals_task.CHILD])
-        self.hooks = SpecialKwargs(sync_token_id=sync,
-                                   promise_token_id=promise,
-                                   child_role_token_id=child)
+        self.special_kwargs = SpecialKwargs(sync_token_id=sync,
+                                            promise_token_id=promise,
+                                            child_role_token_id=child)
 
     def prompt(self, k: int, index: int, parallel: bool) -> list[int]:
         """The ``index``-th task of ``k`` countries (the same countries in
@@ -297,7 +297,7 @@ class Sides:
         join = JoinTask(f"join-{self.joins}",
                         prompt,
                         MAX_TOKENS,
-                        self.workload.hooks,
+                        self.workload.special_kwargs,
                         self.max_model_len,
                         self.workload.tokenizer,
                         timed,
