@@ -13,8 +13,10 @@ each run takes the plugin out of it and installs the freshly built wheel.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -71,18 +73,59 @@ def user_venv_with_vllm() -> Path:
     return venv
 
 
+def tracked(*folders: str) -> list[str]:
+    """The files git tracks under ``folders``, relative to the checkout."""
+    return subprocess.run(["git", "ls-files", *folders],
+                          capture_output=True,
+                          text=True,
+                          check=True,
+                          cwd=ROOT).stdout.split()
+
+
 @pytest.fixture(scope="module")
-def user_venv(tmp_path_factory) -> Path:
-    """The user's venv with the plugin's wheel, built now, installed."""
+def wheel(tmp_path_factory) -> Path:
+    """The plugin's wheel, built as from a fresh clone: from the tracked
+    files of v1/ and common/ alone (setuptools would reuse a stale
+    v1/build of this checkout)."""
+    source = tmp_path_factory.mktemp("clone")
+    for name in tracked("v1", "common"):
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, source / name)
     wheels = tmp_path_factory.mktemp("wheels")
     subprocess.run([
         sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
         str(wheels),
-        str(ROOT / "v1")
+        str(source / "v1")
     ],
                    check=True,
                    timeout=INSTALL_TIMEOUT_S)
-    [wheel] = wheels.glob("vllm_sequence_hooks-*.whl")
+    [built] = wheels.glob("vllm_sequence_hooks-*.whl")
+    return built
+
+
+def test_the_wheel_holds_the_two_packages_and_nothing_else(wheel):
+    """Every tracked module and record of the plugin and of the shared
+    package, and no other file of theirs."""
+    expected = {
+        name.removeprefix("v1/")
+        for name in tracked("v1/vllm_sequence_hooks")
+        if name.endswith((".py", ".json"))
+    } | {
+        name.removeprefix("common/")
+        for name in tracked("common/sequence_hooks") if name.endswith(".py")
+    }
+    with zipfile.ZipFile(wheel) as archive:
+        packaged = {
+            name
+            for name in archive.namelist()
+            if not name.startswith("vllm_sequence_hooks-")
+        }
+    assert packaged == expected
+
+
+@pytest.fixture(scope="module")
+def user_venv(wheel) -> Path:
+    """The user's venv with the plugin's wheel, built now, installed."""
     venv = user_venv_with_vllm()
     subprocess.run([
         str(venv / "bin" / "pip"), "uninstall", "-q", "-y",
