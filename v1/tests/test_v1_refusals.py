@@ -20,8 +20,8 @@ from sequence_hooks_testkit.conformance import hook_metric
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
 from sequence_hooks_testkit.v1_engines import assert_engine_clean
 from vllm import SamplingParams
-from vllm.config import (ModelConfig, SchedulerConfig, SpeculativeConfig,
-                         VllmConfig)
+from vllm.config import (CacheConfig, ModelConfig, SchedulerConfig,
+                         SpeculativeConfig, VllmConfig)
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import BeamSearchParams, StructuredOutputsParams
 
@@ -53,13 +53,28 @@ def test_a_token_string_not_in_the_vocabulary_is_refused(
         })
 
 
-def test_speculative_decoding_is_refused(tiny_model_path, hook_ids):
-    with pytest.raises(ValueError, match="speculative decoding"):
-        make_scheduler(SequenceHookScheduler,
-                       tiny_model_path,
-                       False,
-                       hooks(hook_ids),
-                       speculative_config=MagicMock(spec=SpeculativeConfig))
+@pytest.mark.parametrize("setting, reason", [
+    ("speculative_config", "speculative decoding"),
+    ("cache_config", "keep enable_prefix_caching on"),
+    ("model_config", "cannot run with skip_tokenizer_init"),
+])
+def test_a_setting_the_hooks_cannot_serve_is_refused_by_the_scheduler(
+        tiny_model_path, hook_ids, setting, reason):
+    """For an engine built without `EngineArgs` (whose
+    `create_engine_config` refuses them first: test_v1_one_flag.py)."""
+    changed = {
+        "speculative_config":
+        MagicMock(spec=SpeculativeConfig),
+        "cache_config":
+        CacheConfig(block_size=16, enable_prefix_caching=False),
+        "model_config":
+        ModelConfig(model=str(tiny_model_path),
+                    dtype="float32",
+                    skip_tokenizer_init=True),
+    }[setting]
+    with pytest.raises(ValueError, match=f"special_kwargs: .*{reason}"):
+        make_scheduler(SequenceHookScheduler, tiny_model_path, False,
+                       hooks(hook_ids), **{setting: changed})
 
 
 def test_hooks_without_their_configuration_are_refused(tiny_model_path):

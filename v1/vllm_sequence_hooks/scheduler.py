@@ -144,10 +144,6 @@ class SequenceHookScheduler(ParkingScheduler):
                 queue.clear()
                 queue.extend(ordered)
 
-    def num_parked(self) -> int:
-        """Parents parked by `<sync>`, waiting for their children."""
-        return self.coordinator.num_parked()
-
     # --------------------------------------------------------------- events
 
     def update_from_output(
@@ -360,11 +356,6 @@ class SequenceHookScheduler(ParkingScheduler):
         super().add_request(request)
         if is_new:
             self.sample_trees.added(request.request_id)
-
-    def get_tree_snapshot(self, request_id: str) -> Optional[dict[str, Any]]:
-        """The live tree of a request, for inspection (None if none)."""
-        tree = self.coordinator.tree_of(request_id)
-        return None if tree is None else tree.snapshot().to_dict()
 
     # ------------------------------------ the coordinator's actions (V1)
 
