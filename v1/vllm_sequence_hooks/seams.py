@@ -537,17 +537,26 @@ SEAMS: tuple[Seam, ...] = (
          _PUBLIC),
     # The one setting (`engine_args`): members wrapped in memory.
     Seam(
-        "vllm.engine.arg_utils:EngineArgs.{add_cli_args,from_cli_args,"
-        "__init__,create_engine_config}", "wraps",
-        "`--special-kwargs` added to the parser and expanded, in place, "
-        "into the five settings before upstream reads them; "
-        "`special_kwargs=` expanded the same; the hooks checked against the "
-        "model before any engine process starts; each wrapper passes "
-        "everything on and calls upstream's member", _ENGINE_ARGS),
+        "vllm.engine.arg_utils:EngineArgs.add_cli_args", "wraps",
+        "adds `--special-kwargs` to the parser upstream returns",
+        _ENGINE_ARGS),
+    Seam(
+        "vllm.engine.arg_utils:EngineArgs.from_cli_args", "wraps",
+        "expands a parsed `--special-kwargs`, in place, into the settings "
+        "it stands for before upstream reads `args`", _ENGINE_ARGS),
+    Seam(
+        "vllm.engine.arg_utils:EngineArgs.__init__", "wraps",
+        "expands `special_kwargs=` into the settings' keyword arguments "
+        "(its fields)", _ENGINE_ARGS),
     Seam(
         "vllm.engine.arg_utils:AsyncEngineArgs.__init__", "wraps",
         "its own dataclass constructor: `special_kwargs=` as on "
         "`EngineArgs`", _ENGINE_ARGS),
+    Seam(
+        "vllm.engine.arg_utils:EngineArgs.create_engine_config", "wraps",
+        "checks the `VllmConfig` upstream returns against the hooks "
+        "(`check_hooks_config`) before any engine process starts",
+        _ENGINE_ARGS),
     Seam(
         "vllm.engine.arg_utils:AsyncEngineArgs.add_cli_args", "relies on",
         "it loads the general plugins (`register`) before it adds the "
