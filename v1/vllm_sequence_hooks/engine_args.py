@@ -46,6 +46,8 @@ from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 FLAG = "--special-kwargs"
 # The parsed arguments' attribute that holds the flag's value (a dict).
 DEST = "special_kwargs"
+# Its help group (`vllm serve --help=SequenceHooks`).
+HELP_GROUP = "SequenceHooks"
 # Marks a member this module wrapped, so `register` wraps once a process.
 _WRAPPED = "__sequence_hooks_wrapped__"
 # What the five-flag form sets (`hooked_settings`) on a server.
@@ -77,8 +79,11 @@ def _one_line(error: Exception) -> str:
 
 
 def add_flag(parser: argparse.ArgumentParser) -> None:
-    """Adds `--special-kwargs` to a parser of engine arguments."""
-    parser.add_argument(
+    """Adds `--special-kwargs` to a parser of engine arguments, in a group
+    of its own, which `vllm serve --help` lists with the others."""
+    group = parser.add_argument_group(
+        HELP_GROUP, description=f"Promise/sync sequence hooks: {FLAG}.")
+    group.add_argument(
         FLAG,
         dest=DEST,
         action=SpecialKwargsAction,
