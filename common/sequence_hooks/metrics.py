@@ -9,6 +9,11 @@ prometheus_client's multiprocess mode carries them to the API server's
 `/metrics`: V0's server sets it up itself; on V1, stock vLLM 0.32 sets it
 up only with `--api-server-count` > 1, else `PROMETHEUS_MULTIPROC_DIR`
 must be set (docs/v1.md).
+
+Two names keep the seed's word "blocked" (its `SequenceStatus.BLOCKED`)
+where the code says parked: `syncs_blocked` and `blocked_time_seconds`,
+published metric names that dashboards read; each attribute is named as
+its metric.
 """
 
 from typing import Any
