@@ -536,10 +536,9 @@ SEAMS: tuple[Seam, ...] = (
          "reads", "`hooked_engine_args` gives these two to `LLM(...)`",
          _PUBLIC),
     # The one setting (`engine_args`): members wrapped in memory.
-    Seam(
-        "vllm.engine.arg_utils:EngineArgs.add_cli_args", "wraps",
-        "adds `--special-kwargs` to the parser upstream returns",
-        _ENGINE_ARGS),
+    Seam("vllm.engine.arg_utils:EngineArgs.add_cli_args", "wraps",
+         "adds `--special-kwargs` to the parser upstream returns",
+         _ENGINE_ARGS),
     Seam(
         "vllm.engine.arg_utils:EngineArgs.from_cli_args", "wraps",
         "expands a parsed `--special-kwargs`, in place, into the settings "
