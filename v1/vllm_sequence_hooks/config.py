@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """How the V1 plugin is configured: `--scheduler-cls`, the
 `special_kwargs` key of `--additional-config`, the request check of
-`--logits-processors` (`admission`) and, on a server, two `--middleware`;
+`--logits-processors` (`admission`) and, on a server, three `--middleware`;
 `hooked_settings` derives them all from `special_kwargs` (the one flag,
 `engine_args`), and the checks of that configuration that the scheduler,
 the request check and `engine_args` share."""
@@ -28,7 +28,8 @@ SKIP_TOKENIZER_INIT = (
     "they decode each child's text and encode it into its parent, and "
     "resolve token strings, with the model's tokenizer")
 # What `--middleware` names on a hooked server: streams end on shutdown
-# (`shutdown`), beam search is refused (`beam_search`).
+# (`shutdown`), beam search is refused (`beam_search`), an `n > 1`
+# request's samples stay on one engine core (`data_parallel`).
 MIDDLEWARE = ("vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown",
               "vllm_sequence_hooks.beam_search.RefuseBeamSearch",
               "vllm_sequence_hooks.data_parallel.SamplesOnOneEngine")
