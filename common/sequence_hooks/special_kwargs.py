@@ -54,7 +54,8 @@ class SpecialKwargs:
     critical_path_first: bool = True
     """Under contention, schedule the work a parked tree waits for (children
     of parked parents, resumed parents) before new requests, and preempt it
-    last. False: the stock scheduling order."""
+    last. False: the stock scheduling order (under the priority policy,
+    priority then arrival either way)."""
     max_steps_passed_over: int = 64
     """Engine steps a waiting request may be passed over by critical-path
     work; after that it goes first (the starvation bound)."""

@@ -170,11 +170,14 @@ def test_children_take_their_roots_arrival_time_and_priority(
         assert group.priority == 3
 
 
+@pytest.mark.parametrize("critical_path_first", [True, False])
 def test_with_the_priority_policy_priority_then_arrival_decide(
-        tiny_tokenizer_path, hook_ids):
+        tiny_tokenizer_path, hook_ids, critical_path_first):
     """The priority rule's case (`priority_case`) on V0's scheduler, as
-    `v1/tests/test_v1_critical_path.py` plays it on V1's."""
-    harness, parent = priority_case_arrived(tiny_tokenizer_path, hook_ids)
+    `v1/tests/test_v1_critical_path.py` plays it on V1's; the rule holds
+    with `critical_path_first` on or off."""
+    harness, parent = priority_case_arrived(
+        tiny_tokenizer_path, hook_ids, critical_path_first=critical_path_first)
     harness.step({"parent": hook_ids.promise})
     assert [node.request_id for node in children_of(parent)] == [CHILD]
     harness.step({"parent": hook_ids.sync})

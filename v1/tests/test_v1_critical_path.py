@@ -170,15 +170,18 @@ def test_critical_path_work_is_preempted_last(tiny_model_path, hook_ids,
     assert scheduler.requests == {}
 
 
+@pytest.mark.parametrize("critical_path_first", [True, False])
 def test_with_the_priority_policy_priority_then_arrival_decide(
-        tiny_model_path, hook_ids):
+        tiny_model_path, hook_ids, critical_path_first):
     """The priority rule's case (`priority_case`) on V1's scheduler, as
     `mytests/engine/test_critical_path_scheduling.py` plays it on V0's:
     the waiting queue is upstream's heap, a child carrying its root's
-    arrival time and priority."""
-    scheduler, driver = priority_case_arrived(tiny_model_path,
-                                              hook_ids,
-                                              promises=True)
+    arrival time and priority; with `critical_path_first` on or off."""
+    scheduler, driver = priority_case_arrived(
+        tiny_model_path,
+        hook_ids,
+        promises=True,
+        critical_path_first=critical_path_first)
     parent = scheduler.requests["parent"]
     while not scheduler.coordinator.num_parked():
         driver.step()

@@ -13,7 +13,7 @@ members of `EngineArgs` in memory, each a row of `seams.SEAMS`:
 - `add_cli_args` adds `--special-kwargs`, its JSON checked as it is
   parsed (an unknown key or a missing promise token is a usage error);
 - `from_cli_args`, which every `vllm serve` process calls with the parsed
-  arguments before it builds the app, expands it into the five settings
+  arguments before it builds the app, expands it into the settings
   (`config.hooked_settings`), in place, so upstream reads plain flags
   from there on (`--middleware` in `build_app`, the arguments pickled for
   more API servers);
@@ -50,7 +50,7 @@ DEST = "special_kwargs"
 HELP_GROUP = "SequenceHooks"
 # Marks a member this module wrapped, so `register` wraps once a process.
 _WRAPPED = "__sequence_hooks_wrapped__"
-# What the five-flag form sets (`hooked_settings`) on a server.
+# What the flag sets (`hooked_settings`) on a server.
 SERVER_SETTINGS = ("scheduler_cls", "additional_config", "logits_processors",
                    "middleware")
 

@@ -394,7 +394,9 @@ class SequenceHookScheduler(ParkingScheduler):
             self.child_logprobs[child.request_id] = []
         if child.stop:
             self.stop_strings.watch(request, len(context))
-        self.queue_fork(request, parent, first=self.order is not None)
+        self.queue_fork(request,
+                        parent,
+                        first=self.special_kwargs.critical_path_first)
 
     def park(self, member_id: str) -> None:
         super().park(self.requests[member_id])

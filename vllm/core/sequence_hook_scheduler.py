@@ -183,8 +183,10 @@ class SequenceHookScheduler(Scheduler):
         upstream's chunked-prefill scheduling (the only one hooks use)
         schedules the running queue front to back, preempts from its back
         when blocks run out, then admits waiting groups front to back
-        until one does not fit. The swapped queue is not ordered: hooks
-        never swap (no swap space on CPU).
+        until one does not fit. Under the priority policy, which that
+        scheduling ignores, the policy sorts both queues every step. The
+        swapped queue is not ordered: hooks never swap (no swap space on
+        CPU).
         """
         assert self.hooks is not None and self.hooks.order is not None
         order = self.hooks.order
