@@ -29,8 +29,9 @@ from vllm_sequence_hooks.releases import (RELEASES, VENDORED, Release,
                                           Release033)
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 from vllm_sequence_hooks.seams import (SEAMS, SUPPORTED_VLLM_VERSIONS,
-                                       UnsupportedVllmVersion, Vendored,
+                                       UnsupportedVllmVersion,
                                        check_vllm_version)
+from vllm_sequence_hooks.seams_types import Vendored
 
 import vllm
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
@@ -142,7 +143,7 @@ def test_each_supported_version_records_every_seam(version):
     members = [seam.member for seam in SEAMS]
     assert len(set(members)) == len(members), "a seam is listed twice"
     assert list(record) == members, (
-        f"seams_{version.replace('.', '_')}.py does not record exactly "
+        f"records/{version}.json does not record exactly "
         f"the seams of SEAMS, in order")
     for seam in SEAMS:
         if tripwires.hashed(seam) and not record[seam.member].absent:

@@ -16,7 +16,8 @@ and checked by v1/tests/test_v1_seams.py; no supported release needs one
 
 import dataclasses
 
-from vllm_sequence_hooks.seams import Vendored, check_vllm_version
+from vllm_sequence_hooks.seams import check_vllm_version
+from vllm_sequence_hooks.seams_types import Vendored
 
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler

@@ -31,8 +31,9 @@ import sys
 import textwrap
 from typing import Any, Optional
 
-from vllm_sequence_hooks.seams import (SEAMS, SUPPORTED_VLLM_VERSIONS, Expect,
-                                       Seam, Vendored, supported_version)
+from vllm_sequence_hooks.seams import (SEAMS, SUPPORTED_VLLM_VERSIONS,
+                                       supported_version)
+from vllm_sequence_hooks.seams_types import Expect, Seam, Vendored
 
 # The records' folder in this package: `<version>.json` per supported
 # release.
