@@ -22,6 +22,7 @@ Usage::
 
     python fork/build_fork.py [--target cpu|cuda]
     python fork/build_fork.py --check-patches
+    python fork/build_fork.py --fetch PROJECT FILENAME SHA256  # prints it
 """
 
 import argparse
@@ -82,7 +83,12 @@ def sha256_of(path: Path) -> str:
 
 
 def index_url() -> str:
-    """The package index pip is configured with (its default otherwise)."""
+    """The package index downloads are resolved through: the
+    ``VLLM_SEQHOOK_INDEX_URL`` environment variable, else the one pip is
+    configured with, else pip's default."""
+    chosen = os.environ.get("VLLM_SEQHOOK_INDEX_URL")
+    if chosen:
+        return chosen.rstrip("/")
     configured = subprocess.run(
         [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
         capture_output=True,
@@ -93,28 +99,48 @@ def index_url() -> str:
     return PyPI.simple_url.rstrip("/")
 
 
-def fetch_upstream(target: str) -> Path:
-    """Downloads the pinned upstream artifact once and checks its hash.
+def fetch_pinned(project: str, filename: str, sha256: str) -> Path:
+    """Downloads a file of the package index once into the cache and checks
+    it against its pinned sha256: the project's one download helper (the
+    overlay build and the test kit run it as ``--fetch``).
 
-    ``pip download`` cannot fetch the sdist (it builds its metadata, which
-    needs torch), so the file is resolved through the index's JSON API.
+    ``pip download`` cannot fetch an sdist of vLLM (it builds its metadata,
+    which needs torch), so the file is resolved through the index's simple
+    API, JSON form.
+
+    Args:
+        project: The project's name on the index.
+        filename: The file.
+        sha256: Its pinned sha256.
+
+    Returns:
+        Its path in the cache.
+
+    Raises:
+        BuildError: if the index cannot be reached, does not list the file
+            or serves other bytes than the pinned ones.
     """
-    filename, sha256 = UPSTREAM_ARTIFACTS[target]
     path = cache_dir() / "downloads" / filename
     if path.exists() and sha256_of(path) == sha256:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    request = urllib.request.Request(
-        f"{index_url()}/vllm/",
-        headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        files = json.load(response)["files"]
-    urls = [f["url"] for f in files if f["filename"] == filename]
-    if not urls:
-        raise BuildError(f"{filename} is not on the package index")
-    print(f"downloading {filename}", flush=True)
     partial = path.with_suffix(".part")
-    urllib.request.urlretrieve(urls[0], partial)
+    index = index_url()
+    request = urllib.request.Request(
+        f"{index}/{project}/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            files = json.load(response)["files"]
+        urls = [f["url"] for f in files if f["filename"] == filename]
+        if not urls:
+            raise BuildError(f"{filename} is not on {index}")
+        print(f"downloading {filename}", file=sys.stderr, flush=True)
+        with urllib.request.urlopen(urls[0], timeout=600) as response, \
+                partial.open("wb") as f:
+            shutil.copyfileobj(response, f)
+    except (OSError, ValueError, KeyError) as e:
+        raise BuildError(f"cannot fetch {filename} from {index}: {e}") from e
     if sha256_of(partial) != sha256:
         partial.unlink()
         raise BuildError(f"{filename}: sha256 differs from the pinned one")
@@ -124,7 +150,7 @@ def fetch_upstream(target: str) -> Path:
 
 def pristine_tree(target: str) -> Path:
     """Returns the unpacked upstream source (sdist) or wheel, untouched."""
-    archive = fetch_upstream(target)
+    archive = fetch_pinned("vllm", *UPSTREAM_ARTIFACTS[target])
     dest = BUILD / "upstream" / target
     stamp = dest / ".sha256"
     if stamp.exists() and stamp.read_text() == UPSTREAM_ARTIFACTS[target][1]:
@@ -347,10 +373,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--if-stale",
                         action="store_true",
                         help="do nothing if the tree is up to date")
+    parser.add_argument("--fetch",
+                        nargs=3,
+                        metavar=("PROJECT", "FILENAME", "SHA256"),
+                        help="only download a pinned file of the package "
+                        "index into the cache (once) and print its path")
     args = parser.parse_args(argv)
     if args.if_stale and is_fresh(args.target):
         return 0
     try:
+        if args.fetch:
+            print(fetch_pinned(*args.fetch))
+            return 0
         if args.check_patches:
             scratch = BUILD / "patch-check"
             shutil.rmtree(scratch, ignore_errors=True)

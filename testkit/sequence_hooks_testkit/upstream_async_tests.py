@@ -33,14 +33,13 @@ Usage::
 """
 
 import functools
-import hashlib
 import inspect
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
-import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
@@ -74,8 +73,9 @@ def _installed_release() -> str:
 UPSTREAM_VERSION = _installed_release()
 SDIST = f"vllm-{UPSTREAM_VERSION}.tar.gz"
 SDIST_SHA256 = SDISTS[UPSTREAM_VERSION]
-# The index the sdist is resolved through (its simple API, JSON form).
-INDEX_URL = os.environ.get("VLLM_SEQHOOK_INDEX_URL", "https://pypi.org/simple")
+# Downloads pinned files (`--fetch`); the test kit is used from its
+# checkout (installed editable).
+BUILD_FORK = Path(__file__).resolve().parents[2] / "fork" / "build_fork.py"
 # What the async-scheduler tests import, beside the test file itself.
 MEMBERS = (
     "tests/__init__.py",
@@ -102,49 +102,25 @@ class FetchError(RuntimeError):
     """The sdist could not be fetched, or is not the pinned one."""
 
 
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_sdist() -> Path:
-    """Downloads the pinned sdist once and checks its sha256.
-
-    `pip download` cannot fetch it (it builds the metadata, which needs
-    torch and a toolchain), so its URL is resolved through the index's
-    simple API.
+    """Downloads the pinned sdist once and checks its sha256, by the
+    project's one download helper (`fork/build_fork.py --fetch`, which
+    stands alone: run, not imported).
 
     Raises:
         FetchError: if the index cannot be reached, does not list the file
-            or serves other bytes than the pinned ones.
+            or serves other bytes than the pinned ones (the error says
+            which).
     """
-    path = cache_dir() / "downloads" / SDIST
-    if path.exists() and _sha256_of(path) == SDIST_SHA256:
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".part")
-    request = urllib.request.Request(
-        f"{INDEX_URL.rstrip('/')}/vllm/",
-        headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            files = json.load(response)["files"]
-        urls = [f["url"] for f in files if f["filename"] == SDIST]
-        if not urls:
-            raise FetchError(f"{SDIST} is not on {INDEX_URL}")
-        with urllib.request.urlopen(urls[0], timeout=600) as response, \
-                partial.open("wb") as f:
-            shutil.copyfileobj(response, f)
-    except (OSError, ValueError, KeyError) as e:
-        raise FetchError(f"cannot fetch {SDIST} from {INDEX_URL}: {e}") from e
-    if _sha256_of(partial) != SDIST_SHA256:
-        partial.unlink()
-        raise FetchError(f"{SDIST}: sha256 differs from the pinned one")
-    partial.rename(path)
-    return path
+    fetched = subprocess.run([
+        sys.executable,
+        str(BUILD_FORK), "--fetch", "vllm", SDIST, SDIST_SHA256
+    ],
+                             capture_output=True,
+                             text=True)
+    if fetched.returncode:
+        raise FetchError(fetched.stderr.strip())
+    return Path(fetched.stdout.strip())
 
 
 def unpack_tests() -> Path:

