@@ -4,20 +4,20 @@
 
 The engine-neutral part, shared by the V0 fork, the V1 plugin and the
 client-side join: the configuration users give (`SpecialKwargs`), the
-lifecycle every engine runs (`lifecycle.PromiseCoordinator` and the
-`lifecycle.EngineAdapter` each engine implements), what schedulers put
-first (`ordering`: both hand it their queues), the tree users get back
-(`PromiseNode`), flattened for training (`training_records`). It imports
-no vLLM module.
+lifecycle every engine runs (`lifecycle.PromiseCoordinator`, which
+answers each event with `actions` for the engine to carry out), what
+schedulers put first (`ordering`: both hand it their queues), the tree
+users get back (`PromiseNode`), flattened for training
+(`training_records`). It imports no vLLM module.
 """
 
-from sequence_hooks.lifecycle import (EngineAdapter, PromiseCoordinator,
-                                      child_request_id)
+from sequence_hooks.actions import EngineQueries, child_request_id
+from sequence_hooks.lifecycle import PromiseCoordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.training_records import SequenceRecord, training_records
 from sequence_hooks.tree import PromiseNode
 
 __all__ = [
-    "EngineAdapter", "PromiseCoordinator", "PromiseNode", "SequenceRecord",
+    "EngineQueries", "PromiseCoordinator", "PromiseNode", "SequenceRecord",
     "SpecialKwargs", "child_request_id", "training_records"
 ]

@@ -2,22 +2,25 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """An engine with no model, for driving `PromiseCoordinator` in tests.
 
-`FakeEngine` implements `EngineAdapter` the simplest way an engine could:
-a member is the list of its whole context's token ids, a fork copies its
-parent's list, a park marks it, a resume appends. Every action the
-coordinator asks for is checked against the engine's state (no fork of a
-parked member, no abort of a finished one...) and recorded, so a test can
-compare what the engine was told with what the contract says.
+`FakeEngine` carries out the coordinator's actions the simplest way an
+engine could: a member is the list of its whole context's token ids, a
+fork copies its parent's list, a park marks it, a resume appends. Every
+event returns the actions the coordinator gave for it; each is checked
+against the engine's state (no fork of a parked member, no abort of a
+finished one...) before it is carried out, and kept in `actions`, so a
+test can compare what the coordinator asked for with what the contract
+says.
 """
 
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
-from sequence_hooks.lifecycle import (ChildSpec, MemberResult,
-                                      PromiseCoordinator, RequestParams,
-                                      Resume)
+from sequence_hooks.actions import (Abort, Action, Fork, MemberResult, Park,
+                                    ReportTree, RequestParams, Resume,
+                                    StartTree)
+from sequence_hooks.lifecycle import PromiseCoordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.tree import LiveNode, LiveTree, PromiseNode
+from sequence_hooks.tree import PromiseNode
 
 SYNC, PROMISE, ROLE = 1, 2, 3
 HOOK_STRINGS = {SYNC: "<sync>", PROMISE: "<promise>", ROLE: "<child>"}
@@ -135,10 +138,8 @@ class FakeEngine:
         self.wants_logprobs: dict[str, bool] = {}
         # Each live member's request (root) id.
         self.request_of: dict[str, str] = {}
-        self.forks: list[ChildSpec] = []
-        self.resumes: list[tuple[str, Resume]] = []
-        self.aborts: list[list[str]] = []
-        self.reports: dict[str, PromiseNode] = {}
+        # Every action the coordinator returned, in order.
+        self.actions: list[Action] = []
         # Roots whose request finished with no tree: their own result.
         self.plain_results: dict[str, MemberResult] = {}
 
@@ -157,7 +158,7 @@ class FakeEngine:
         self.wants_logprobs[request_id] = logprobs
         self.request_of[request_id] = request_id
 
-    def sample(self, member_id: str, token: int) -> None:
+    def sample(self, member_id: str, token: int) -> list[Action]:
         """``member_id`` samples ``token``; hook tokens are events."""
         member = self.members[member_id]
         assert not member.parked and member.stopped is None
@@ -168,10 +169,13 @@ class FakeEngine:
         member.tokens.append(token)
         length = len(member.tokens)
         if token == PROMISE:
-            self.coordinator.promise(member_id, length,
-                                     self.params[self.request_of[member_id]])
-        elif token == SYNC:
-            self.coordinator.sync(member_id, length)
+            return self.carry_out(
+                self.coordinator.promise(
+                    member_id, length,
+                    self.params[self.request_of[member_id]]))
+        if token == SYNC:
+            return self.carry_out(self.coordinator.sync(member_id, length))
+        return []
 
     def stop(self, member_id: str, reason: str) -> None:
         """The engine finishes a member; its finish is reported later."""
@@ -179,7 +183,7 @@ class FakeEngine:
         assert not member.parked and member.stopped is None
         member.stopped = reason
 
-    def report(self, member_id: str) -> None:
+    def report(self, member_id: str) -> list[Action]:
         """Reports a stopped member's finish to the coordinator."""
         member = self.members.pop(member_id)
         request_id = self.request_of.pop(member_id)
@@ -191,64 +195,106 @@ class FakeEngine:
         if (member_id == request_id
                 and not self.coordinator.is_member(member_id)):
             self.plain_results[member_id] = result
-        self.coordinator.finished(member_id, member.stopped, result)
+        return self.carry_out(
+            self.coordinator.finished(member_id, member.stopped, result))
 
-    def abort_request(self, request_id: str) -> None:
+    def abort_request(self, request_id: str) -> list[Action]:
         """A client aborts a request: the engine ends its root."""
         self.members.pop(request_id)
         self.request_of.pop(request_id)
-        self.coordinator.aborted(request_id)
+        return self.carry_out(self.coordinator.aborted(request_id))
 
     def live(self) -> set[str]:
         return set(self.members)
 
-    # EngineAdapter.
+    # The actions, as the coordinator returned them.
 
-    def new_tree(self, root_id: str) -> LiveTree:
-        return LiveTree(root=LiveNode(root_id))
+    @property
+    def forks(self) -> list[Fork]:
+        return [a for a in self.actions if isinstance(a, Fork)]
 
-    def fork(self, child: ChildSpec) -> None:
+    @property
+    def resumes(self) -> list[tuple[str, Resume]]:
+        return [(a.member_id, a) for a in self.actions
+                if isinstance(a, Resume)]
+
+    @property
+    def aborts(self) -> list[list[str]]:
+        return [
+            list(a.member_ids) for a in self.actions if isinstance(a, Abort)
+        ]
+
+    @property
+    def reports(self) -> dict[str, PromiseNode]:
+        return {
+            a.root_id: a.tree
+            for a in self.actions if isinstance(a, ReportTree)
+        }
+
+    def carry_out(self, actions: list[Action]) -> list[Action]:
+        """Checks each action against the engine's state and carries it
+        out, in order.
+
+        Returns:
+            ``actions``.
+        """
+        for action in actions:
+            self.actions.append(action)
+            if isinstance(action, StartTree):
+                assert action.root_id in self.members
+                assert action.tree.root.request_id == action.root_id
+            elif isinstance(action, Fork):
+                self._fork(action)
+            elif isinstance(action, Park):
+                member = self.members[action.member_id]
+                assert not member.parked and member.stopped is None
+                member.parked = True
+            elif isinstance(action, Resume):
+                self._resume(action)
+            elif isinstance(action, Abort):
+                self._abort(action.member_ids)
+            else:
+                assert isinstance(action, ReportTree)
+                assert sum(
+                    isinstance(a, ReportTree) and a.root_id == action.root_id
+                    for a in self.actions) == 1
+        return actions
+
+    def _fork(self, child: Fork) -> None:
         parent = self.members[child.parent_id]
         assert not parent.parked and parent.stopped is None
         assert child.request_id not in self.members
         tokens = parent.tokens + list(child.context_tokens)
         self.members[child.request_id] = EngineMember(tokens, len(tokens))
         self.request_of[child.request_id] = self.request_of[child.parent_id]
-        self.forks.append(child)
 
-    def park(self, member_id: str) -> None:
-        member = self.members[member_id]
-        assert not member.parked and member.stopped is None
-        member.parked = True
-
-    def resume(self, member_id: str, resume: Resume) -> bool:
-        member = self.members[member_id]
+    def _resume(self, resume: Resume) -> None:
+        member = self.members[resume.member_id]
         assert member.stopped is None
+        assert resume.seed is None or self.reseeds
         member.parked = False
         member.tokens += resume.token_ids
         member.logprobs += [{
             token: FakeLogprob(resume.token_logprob)
         } for token in resume.token_ids]
-        self.resumes.append((member_id, resume))
-        return self.reseeds
 
-    def abort(self, member_ids: list[str]) -> None:
+    def _abort(self, member_ids: tuple[str, ...]) -> None:
         for member_id in member_ids:
             member = self.members.pop(member_id)
             assert member.stopped is None, "aborted a finished member"
             self.request_of.pop(member_id)
-        self.aborts.append(list(member_ids))
+
+    # EngineQueries.
 
     def engine_finished(self, member_id: str) -> bool:
         member = self.members.get(member_id)
         return member is not None and member.stopped is not None
+
+    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
+        return self.reseeds
 
     def encode(self, member_id: str, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
     def decode(self, member_id: str, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, False)
-
-    def report_tree(self, root_id: str, tree: LiveTree) -> None:
-        assert root_id not in self.reports
-        self.reports[root_id] = tree.snapshot()

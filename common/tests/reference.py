@@ -18,7 +18,7 @@ from typing import Optional
 from fake_engine import (PROMISE, ROLE, SYNC, CharTokenizer, FakeLogprob,
                          sampled_logprob)
 
-from sequence_hooks.lifecycle import ChildSpec, RequestParams
+from sequence_hooks.actions import Fork, RequestParams
 
 
 def seed_for(seed: int, purpose: str) -> int:
@@ -88,7 +88,7 @@ class ReferenceEngine:
         self.tokenizer = CharTokenizer()
         self.nodes: dict[str, RefNode] = {}
         self.requests: dict[str, RefRequest] = {}
-        self.forks: list[ChildSpec] = []
+        self.forks: list[Fork] = []
         self.resume_seeds: list[tuple[str, Optional[int]]] = []
         self.aborts: list[list[str]] = []
         self.reports: dict[str, dict] = {}
@@ -178,8 +178,8 @@ class ReferenceEngine:
         self.nodes[child_id] = child
         params = request.params
         self.forks.append(
-            ChildSpec(child_id, node.request_id, (ROLE, ), params.max_tokens,
-                      params.min_tokens, seed, params.stop))
+            Fork(child_id, node.request_id, (ROLE, ), params.max_tokens,
+                 params.min_tokens, seed, params.stop))
 
     def _merge(self, node: RefNode, length: int) -> None:
         children = node.children[node.num_merged:]
@@ -197,7 +197,9 @@ class ReferenceEngine:
         node.logprobs += [FakeLogprob(0.0)] * len(merged)
         seed = (None if node.seed is None else seed_for(
             node.seed, f"resume-{node.num_merged}"))
-        self.resume_seeds.append((node.request_id, seed))
+        # A resume carries a seed only to an engine that reseeds.
+        self.resume_seeds.append(
+            (node.request_id, seed if self.reseeds else None))
         if self.reseeds:
             node.seed = seed
 

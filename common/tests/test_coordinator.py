@@ -15,7 +15,8 @@ from fake_engine import (OFFSET, PROMISE, ROLE, SYNC, FakeEngine,
                          sampled_logprob)
 from reference import seed_for
 
-from sequence_hooks.lifecycle import RequestParams
+from sequence_hooks.actions import (Abort, Fork, Park, RequestParams, Resume,
+                                    StartTree)
 
 A, B, C = (OFFSET + ord(char) for char in "abc")
 
@@ -139,7 +140,8 @@ def test_hook_tokens_never_reach_a_text_or_a_merge(show_hooks):
     engine.sample("r", SYNC)
     # The root merges the child's text: its own tokens and the
     # grandchild's merged "c", no hook token.
-    assert engine.resumes[-1][1].token_ids == engine.tokenizer.encode("abc")
+    assert list(
+        engine.resumes[-1][1].token_ids) == engine.tokenizer.encode("abc")
     finish(engine, "r")
     tree = engine.reports["r"]
     assert tree.children[0].token_ids == (A, PROMISE, B, SYNC, C)
@@ -160,12 +162,13 @@ def test_a_parked_parent_resumes_only_when_its_last_child_finishes():
     engine.sample("r/promise-1", B)
     engine.sample("r", SYNC)
     assert engine.members["r"].parked
-    assert engine.coordinator.is_parked("r")
+    assert "r" in engine.coordinator.parked_members()
     finish(engine, "r/promise-1")
     assert engine.members["r"].parked and engine.resumes == []
     finish(engine, "r/promise-0")
     assert not engine.members["r"].parked
-    assert engine.resumes[0][1].token_ids == engine.tokenizer.encode("a\nb")
+    assert list(
+        engine.resumes[0][1].token_ids) == engine.tokenizer.encode("a\nb")
     assert engine.metrics.parents_parked.value == 0
     assert engine.metrics.syncs_blocked.value == 1
 
@@ -203,7 +206,7 @@ def test_a_merge_leaves_room_for_one_sampled_token():
     finish(engine, "r/promise-0")
     engine.sample("r", SYNC)
     # 2 own tokens, budget 6: 3 merged, one left to sample.
-    assert engine.resumes[0][1].token_ids == [B] * 3
+    assert engine.resumes[0][1].token_ids == (B, ) * 3
     engine.sample("r", C)
     finish(engine, "r", "length")
     assert engine.reports["r"].merged_spans == ((2, 3), )
@@ -336,11 +339,45 @@ def test_a_sampled_token_is_a_promise_a_sync_or_no_event():
         reads.append(True)
         return RequestParams(2, None)
 
-    coordinator.sampled("r", A, 3, params)
+    assert coordinator.sampled("r", A, 3, params) == []
     assert not coordinator.is_member("r") and not reads
-    coordinator.sampled("r", PROMISE, 4, params)
-    assert [spec.request_id for spec in engine.forks] == ["r/promise-0"]
+    start_tree, fork = engine.carry_out(
+        coordinator.sampled("r", PROMISE, 4, params))
+    assert start_tree == StartTree("r", coordinator.tree_of("r"))
+    assert fork.request_id == "r/promise-0" and reads == [True]
+    assert coordinator.sampled("r", SYNC, 5, params) == [Park("r")]
     assert reads == [True]
-    coordinator.sampled("r", SYNC, 5, params)
-    assert coordinator.is_parked("r") and reads == [True]
     assert not coordinator.is_finished("r/promise-0")
+
+
+def test_each_event_returns_the_actions_of_the_table():
+    """docs/architecture.md's event -> actions table, row by row, on one
+    tree: the values returned, in order, are all the engine is told."""
+    engine = FakeEngine(limits={"max_depth": 2})
+    start(engine, max_tokens=20)
+    first = engine.sample("r", PROMISE)
+    assert [type(a) for a in first] == [StartTree, Fork]
+    assert engine.sample("r", A) == []
+    assert engine.sample("r/promise-0", PROMISE) == [
+        Fork("r/promise-1", "r/promise-0", (ROLE, ), 20, 0, None, ())
+    ]
+    assert engine.sample("r", SYNC) == [Park("r")]
+    engine.stop("r/promise-1", "stop")
+    engine.sample("r/promise-0", B)
+    engine.stop("r/promise-0", "stop")
+    # Its descendant stopped in the engine: recorded aborted, no `Abort`;
+    # its parent's last awaited child: the parent's merge.
+    (resume, ) = engine.report("r/promise-0")
+    assert resume == Resume("r", tuple(engine.tokenizer.encode("b")), 0.0,
+                            None)
+    assert engine.report("r/promise-1") == []
+    assert engine.sample(
+        "r", PROMISE) == [Fork("r/promise-2", "r", (ROLE, ), 20, 0, None, ())]
+    engine.stop("r", "stop")
+    abort, report = engine.report("r")
+    assert abort == Abort(("r/promise-2", ))
+    assert report.root_id == "r" and [(child.request_id, child.finish_reason)
+                                      for child in report.tree.children
+                                      ] == [("r/promise-0", "stop"),
+                                            ("r/promise-2", "abort")]
+    assert engine.coordinator.num_members() == 0

@@ -26,7 +26,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant,
                                  precondition, rule)
 from reference import ReferenceEngine
 
-from sequence_hooks.lifecycle import RequestParams
+from sequence_hooks.actions import RequestParams
 from sequence_hooks.ordering import CriticalPathOrder, Queued
 
 # Steps a new member may be passed over, small so that programs pass it.
@@ -168,8 +168,9 @@ class CoordinatorMachine(RuleBasedStateMachine):
                 # (the engine decides its visibility with the tree).
                 continue
             assert coordinator.is_child(member_id) == (node.parent is not None)
-            assert coordinator.is_parked(member_id) == (node.parked_length
-                                                        is not None)
+            assert (member_id
+                    in coordinator.parked_members()) == (node.parked_length
+                                                         is not None)
             assert (coordinator.on_critical_path(member_id) ==
                     reference.on_critical_path(member_id)), member_id
         assert coordinator.num_parked() == len(reference.parked())

@@ -13,7 +13,7 @@ driven by `FakeEngine`.
 import pytest
 from fake_engine import OFFSET, PROMISE, SYNC, FakeEngine
 
-from sequence_hooks.lifecycle import RequestParams
+from sequence_hooks.actions import RequestParams
 from sequence_hooks.ordering import (CRITICAL, NEW, OVERDUE, CriticalPathOrder,
                                      Queued, eviction_order)
 from sequence_hooks.special_kwargs import SpecialKwargs

@@ -33,7 +33,7 @@ def params(max_tokens=64):
 
 
 def children_of(group):
-    return group.first_seq.promise_tree.root.children
+    return group.first_seq.promise_tree.tree.root.children
 
 
 def waiting_ids(harness):

@@ -34,7 +34,7 @@ def start(harness, request_id="0", max_tokens=32):
 
 
 def children_of(group):
-    return group.first_seq.promise_tree.root.children
+    return group.first_seq.promise_tree.tree.root.children
 
 
 def test_promise_spawns_a_child_sharing_the_parents_blocks(harness, hook_ids):
@@ -110,7 +110,7 @@ def test_sync_parks_the_parent_until_its_child_finishes(harness, hook_ids):
     assert seq.data.get_num_uncomputed_tokens() == 3
     # Until the next schedule the engine still sees this step's decode.
     assert seq.data.stage == SequenceStage.DECODE
-    assert parent.first_seq.promise_tree.root.num_merged_tokens == 2
+    assert parent.first_seq.promise_tree.tree.root.num_merged_tokens == 2
 
     scheduled = harness.step()
     assert [(s.request_id, s.num_tokens, s.is_prompt)
@@ -199,7 +199,8 @@ def test_aborting_the_request_aborts_the_whole_tree(harness, hook_ids):
     child_id = children_of(parent)[0].request_id
     harness.step({"0": hook_ids.sync, child_id: hook_ids.promise})
     grandchild_id = harness.live_group(
-        child_id).first_seq.promise_tree.nodes[child_id].children[0].request_id
+        child_id
+    ).first_seq.promise_tree.tree.nodes[child_id].children[0].request_id
     harness.step({child_id: hook_ids.sync})
     assert set(harness.scheduler.parked) == {"0", child_id}
 
@@ -222,7 +223,7 @@ def test_limits_refuse_promises_and_count_them(tiny_tokenizer_path, hook_ids):
     parent = start(harness)
     for _ in range(3):
         harness.step({"0": hook_ids.promise})
-    tree = parent.first_seq.promise_tree
+    tree = parent.first_seq.promise_tree.tree
     assert len(tree.root.children) == 2 and tree.num_refused == 1
     # Depth 1: children may not promise.
     child_id = tree.root.children[0].request_id
@@ -239,7 +240,7 @@ def test_request_wide_limit_spans_the_tree(tiny_tokenizer_path, hook_ids):
     harness.step({"0": hook_ids.promise})
     child_id = children_of(parent)[0].request_id
     harness.step({"0": hook_ids.promise, child_id: hook_ids.promise})
-    tree = parent.first_seq.promise_tree
+    tree = parent.first_seq.promise_tree.tree
     assert tree.num_spawned == 2 and tree.num_refused == 1
 
 
@@ -336,7 +337,7 @@ def test_parked_parents_are_evicted_rather_than_deadlock(
         [child] = children_of(parent)
         assert child.finish_reason == "length" and len(child.token_ids) > 20
         assert seq.status == SequenceStatus.FINISHED_LENGTH_CAPPED
-        assert parent.first_seq.promise_tree.root.num_merged_tokens > 0
+        assert parent.first_seq.promise_tree.tree.root.num_merged_tokens > 0
 
 
 def test_child_the_cache_can_never_hold_finishes_its_parent_wakes(
@@ -350,7 +351,7 @@ def test_child_the_cache_can_never_hold_finishes_its_parent_wakes(
     [child] = children_of(parent)
     # Preempted for recompute, then too long for the whole cache: ignored.
     assert child.finish_reason == "length"
-    assert parent.first_seq.promise_tree.root.num_merged_tokens > 0
+    assert parent.first_seq.promise_tree.tree.root.num_merged_tokens > 0
     assert parent.first_seq.is_finished()
     assert harness.free_blocks() == 6
     assert harness.seq_id_to_seq_group == {}

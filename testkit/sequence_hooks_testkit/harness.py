@@ -182,7 +182,7 @@ class HookHarness:
         unparks its parent once none is left. So parked groups never need
         counting as unfinished work of their own."""
         for request_id, group in self.scheduler.parked.items():
-            node = group.first_seq.promise_tree.nodes[request_id]
+            node = group.first_seq.promise_tree.tree.nodes[request_id]
             assert any(not child.is_finished
                        for child in node.unmerged_children()), request_id
         assert not self.scheduler.parked or (

@@ -227,8 +227,8 @@ class _HookCounter:
 
     def watch(self, scheduler) -> None:
         hook_ids = {
-            scheduler.special_kwargs.promise_token_id,
-            scheduler.special_kwargs.sync_token_id
+            scheduler.hooks.special_kwargs.promise_token_id,
+            scheduler.hooks.special_kwargs.sync_token_id
         }
         update = scheduler.update_from_output
 
@@ -236,7 +236,7 @@ class _HookCounter:
             self.children.update(
                 request_id
                 for request_id in scheduler_output.num_scheduled_tokens
-                if scheduler.coordinator.is_child(request_id))
+                if scheduler.hooks.coordinator.is_child(request_id))
             self.samples += sum(
                 bool(tokens) and tokens[-1] in hook_ids
                 for tokens in model_runner_output.sampled_token_ids or ())

@@ -145,12 +145,12 @@ def assert_engine_clean(llm):
         k: (r.status, r.num_tokens, r.num_computed_tokens)
         for k, r in scheduler.requests.items()
     }
-    assert scheduler.coordinator.num_members() == 0
+    assert scheduler.hooks.coordinator.num_members() == 0
     assert scheduler.pending_forks == {} and scheduler.evicted == set()
-    assert scheduler.child_logprobs == {}
-    assert len(scheduler.sample_trees) == 0
-    assert len(scheduler.child_preemptions) == 0
-    assert len(scheduler.stop_strings) == 0
+    assert scheduler.hooks.child_logprobs == {}
+    assert len(scheduler.hooks.sample_trees) == 0
+    assert len(scheduler.hooks.child_preemptions) == 0
+    assert len(scheduler.hooks.stop_strings) == 0
     assert scheduler.num_waiting_for_streaming_input == 0
     # Every block but the pool's reserved null block is free.
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1

@@ -99,7 +99,7 @@ def tokens_by_request(driver) -> dict[str, list[int]]:
 
 def assert_scheduler_clean(scheduler) -> None:
     assert scheduler.requests == {}
-    assert scheduler.coordinator.num_members() == 0
+    assert scheduler.hooks.coordinator.num_members() == 0
     assert scheduler.num_waiting_for_streaming_input == 0
     pool = scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1

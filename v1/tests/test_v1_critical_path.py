@@ -95,11 +95,11 @@ def test_a_passed_over_request_is_overdue_after_the_bound(
     driver.add(
         make_request(scheduler, "tree", [FILLER + 1] * 8, 64, hook_ids.eos))
     # The tree promises and parks; its child is queued.
-    while not scheduler.coordinator.num_parked():
+    while not scheduler.hooks.coordinator.num_parked():
         driver.step()
     late = make_request(scheduler, "new-0", [FILLER + 2] * 8, 64, hook_ids.eos)
     driver.add(late)
-    order = scheduler.order
+    order = scheduler.hooks.order
     assert isinstance(order, CriticalPathOrder)
     ranks = {
         request.request_id: order.rank(request.request_id)
@@ -183,7 +183,7 @@ def test_with_the_priority_policy_priority_then_arrival_decide(
         promises=True,
         critical_path_first=critical_path_first)
     parent = scheduler.requests["parent"]
-    while not scheduler.coordinator.num_parked():
+    while not scheduler.hooks.coordinator.num_parked():
         driver.step()
     child = scheduler.requests[CHILD]
     assert (child.priority, child.arrival_time) == (PRIORITY,

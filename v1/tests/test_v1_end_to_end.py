@@ -9,7 +9,7 @@ no request, no tree left.
 """
 
 from sequence_hooks import training_records
-from sequence_hooks.lifecycle import derive_seed
+from sequence_hooks.actions import derive_seed
 from sequence_hooks_testkit import conformance
 from sequence_hooks_testkit.programs import NONE, programs
 from sequence_hooks_testkit.v1_engines import (V1, assert_engine_clean,
@@ -61,8 +61,8 @@ def test_child_shares_full_blocks_and_copies_the_partial_one(
         engine.step()  # <promise> for the parent, and the child's start
         [tree] = {
             id(tree): tree
-            for tree in map(scheduler.coordinator.tree_of, scheduler.requests)
-            if tree is not None
+            for tree in map(scheduler.hooks.coordinator.tree_of,
+                            scheduler.requests) if tree is not None
         }.values()
         root_id = tree.root.request_id
         [child] = tree.root.children
@@ -271,7 +271,7 @@ def test_aborting_a_sampled_request_forgets_its_samples(hooked_llm, hook_ids):
                        params)
     for _ in range(5):
         engine.step()
-    assert len(scheduler.sample_trees) == 1
+    assert len(scheduler.hooks.sample_trees) == 1
     engine.abort_request(["abort-samples"])
     engine.step()
     assert_engine_clean(hooked_llm)

@@ -35,7 +35,7 @@ def test_random_trees_with_aborts_leave_nothing_behind(hooked_llm, hook_ids,
                                                        case):
     engine = hooked_llm.llm_engine
     scheduler = scheduler_of(hooked_llm)
-    coordinator = scheduler.coordinator
+    coordinator = scheduler.hooks.coordinator
     limits = coordinator.special_kwargs
     # The limits are read per promise: each case sets its own.
     coordinator.special_kwargs = type(limits)(

@@ -119,19 +119,20 @@ def test_parked_parents_are_evicted_and_recompute_at_resume(
     # (request id, tokens of its next chunk, length of `log`) of each
     # resume of an evicted parent.
     resumes = []
-    resume = scheduler.resume
+    resume = scheduler.hooks.resume
 
-    def recorded_resume(member_id, *args, **kwargs):
+    def recorded_resume(action, *args, **kwargs):
+        member_id = action.member_id
         request = scheduler.requests[member_id]
         evicted = member_id in scheduler.evicted
         num_computed = request.num_computed_tokens
-        resume(member_id, *args, **kwargs)
+        resume(action, *args, **kwargs)
         if evicted:
             assert request.num_computed_tokens == 0
             resumes.append((request.request_id,
                             request.num_tokens - num_computed, len(log)))
 
-    monkeypatch.setattr(scheduler, "resume", recorded_resume)
+    monkeypatch.setattr(scheduler.hooks, "resume", recorded_resume)
     with computed_tokens(scheduler) as log:
         assert run_trees(tighter_llm, hook_ids, monkeypatch) == roomy_results
     assert resumes, "no parked parent was evicted"

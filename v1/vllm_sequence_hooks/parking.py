@@ -18,23 +18,25 @@ its eviction under pressure.
   the prefix cache gives back), so a full cache never deadlocks.
 """
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from vllm_sequence_hooks.releases import for_installed
 
-from sequence_hooks.lifecycle import PromiseCoordinator
 from sequence_hooks.ordering import eviction_order
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
+if TYPE_CHECKING:
+    from vllm_sequence_hooks.hooks import SequenceHooks
+
 
 class ParkingScheduler(Scheduler):
     """The stock V1 scheduler plus the hooks' KV mechanics (a mixin of
-    `SequenceHookScheduler`, which sets `coordinator`)."""
+    `SequenceHookScheduler`, which sets `hooks`)."""
 
-    coordinator: PromiseCoordinator
+    hooks: "SequenceHooks"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -56,7 +58,7 @@ class ParkingScheduler(Scheduler):
         children waiting forever once parents fill the limit.
         """
         self._evict_parked_parents_if_stalled()
-        parked = self.coordinator.num_parked()
+        parked = self.hooks.coordinator.num_parked()
         self.num_waiting_for_streaming_input -= parked
         try:
             return super().schedule(*args, **kwargs)
@@ -145,8 +147,8 @@ class ParkingScheduler(Scheduler):
             return
         pool = self.kv_cache_manager.block_pool
         for request_id in eviction_order(
-                self.coordinator.parked_members(), self.evicted,
-                self.coordinator.ancestors(candidate.request_id)):
+                self.hooks.coordinator.parked_members(), self.evicted,
+                self.hooks.coordinator.ancestors(candidate.request_id)):
             if pool.get_num_free_blocks() >= self._blocks_to_admit(candidate):
                 return
             self.evict(self.requests[request_id])

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from sequence_hooks.tree import LiveTree
+from sequence_hooks.tree import PromiseNode
 from vllm.v1.engine import (EngineCoreEvent, EngineCoreEventType,
                             EngineCoreOutput)
 from vllm.v1.outputs import LogprobsLists
@@ -46,10 +46,10 @@ SAMPLE_ID = re.compile(r"(\d+)_(.+)", re.DOTALL)
 logger = logging.getLogger("vllm.sequence_hooks.transport")
 
 
-def attach_tree(out: EngineCoreOutput, tree: LiveTree) -> None:
+def attach_tree(out: EngineCoreOutput, tree: PromiseNode) -> None:
     """Puts a finished root's tree into its output."""
     params = dict(out.kv_transfer_params or {})
-    params[TREE_KEY] = tree.snapshot().to_dict(top_logprobs=True)
+    params[TREE_KEY] = tree.to_dict(top_logprobs=True)
     out.kv_transfer_params = params
 
 

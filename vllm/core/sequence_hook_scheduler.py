@@ -8,7 +8,8 @@ from typing import Dict, Iterable, List, Optional, Protocol, Set, Tuple, Union
 from sequence_hooks.ordering import CriticalPathOrder, Queued
 from sequence_hooks.special_kwargs import SpecialKwargs
 from vllm.core.interfaces import AllocStatus
-from vllm.core.scheduler import Scheduler, SchedulerOutputs
+from vllm.core.scheduler import (ScheduledSequenceGroup, Scheduler,
+                                 SchedulerOutputs)
 from vllm.sequence import (Sequence, SequenceGroup, SequenceGroupBase,
                            SequenceGroupMetadata, SequenceStage,
                            SequenceStatus)
@@ -74,7 +75,9 @@ class SequenceHookScheduler(Scheduler):
     It reports to the engine's hooks (`SchedulerHooks`) what it scheduled,
     ignored and aborted, and asks them for the queues' order and which
     parked group to evict; the hooks drive it through `admit_child`,
-    `prefill_tail`, `park`, `unpark` and `abort_seq_group`.
+    `prefill_tail`, `park`, `unpark` and `abort_tree_groups` (which does
+    not report back to them), and ask it what the engine processed first
+    (`processed_before`).
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -87,6 +90,9 @@ class SequenceHookScheduler(Scheduler):
         self._tails_to_prefill: List[Sequence] = []
         # The engine's hooks, once attached.
         self.hooks: Optional[SchedulerHooks] = None
+        # The groups handed out for this step, in the order the engine
+        # processes their outputs.
+        self._scheduled: List[ScheduledSequenceGroup] = []
 
     def attach_hooks(self, hooks: SchedulerHooks) -> None:
         """Sets the hooks this scheduler reports to.
@@ -172,6 +178,7 @@ class SequenceHookScheduler(Scheduler):
             self._order_queues()
         self._evict_parked_for_waiting()
         metadata, outputs, allow_async = super().schedule()
+        self._scheduled = outputs.scheduled_seq_groups
         if self.hooks is not None:
             self.hooks.step_scheduled(outputs)
         self._report_kv_usage()
@@ -267,10 +274,31 @@ class SequenceHookScheduler(Scheduler):
         request_id: Union[str, Iterable[str]],
         seq_id_to_seq_group: Optional[Dict[str, SequenceGroupBase]] = None,
     ) -> None:
-        """Aborts groups as the stock scheduler does, parked ones included.
+        """Aborts groups as the stock scheduler does, parked ones included,
+        and reports the promise trees' groups it finished to the hooks."""
+        aborted = self.abort_tree_groups(request_id, seq_id_to_seq_group)
+        if self.hooks is not None:
+            for seq_group in aborted:
+                self.hooks.aborted(seq_group)
+
+    def abort_tree_groups(
+        self,
+        request_id: Union[str, Iterable[str]],
+        seq_id_to_seq_group: Optional[Dict[str, SequenceGroupBase]] = None,
+    ) -> List[SequenceGroup]:
+        """Aborts groups as the stock scheduler does, parked ones included;
+        the hooks' own aborts come here, as they need no report.
 
         Parked groups being aborted are put back into a queue first, so the
         stock abort frees them like any other.
+
+        Args:
+            request_id: The ids to abort.
+            seq_id_to_seq_group: The engine's registry, if the ids may be
+                registered ones.
+
+        Returns:
+            The groups of promise trees that the abort finished.
         """
         request_ids = {request_id} if isinstance(request_id,
                                                  str) else set(request_id)
@@ -290,12 +318,33 @@ class SequenceHookScheduler(Scheduler):
             if seq_group.first_seq.promise_tree is not None
         ]
         super().abort_seq_group(request_ids, seq_id_to_seq_group)
-        if self.hooks is not None:
-            for seq_group in tree_groups:
-                if seq_group.first_seq.status == (
-                        SequenceStatus.FINISHED_ABORTED):
-                    self.hooks.aborted(seq_group)
         self._report_kv_usage()
+        return [
+            seq_group for seq_group in tree_groups
+            if seq_group.first_seq.status == SequenceStatus.FINISHED_ABORTED
+        ]
+
+    def processed_before(self, seq_group: SequenceGroup,
+                         current: Optional[SequenceGroup]) -> bool:
+        """Whether the engine processed ``seq_group``'s output of this step
+        before ``current``'s, which it is processing now.
+
+        Args:
+            seq_group: An unfinished group.
+            current: The group being processed; None: none is yet (the
+                ignored groups' finishes come first).
+
+        Returns:
+            True if the engine makes ``seq_group`` an output this step.
+        """
+        if current is None:
+            return False
+        for scheduled in self._scheduled:
+            if scheduled.seq_group is current:
+                return False
+            if scheduled.seq_group is seq_group:
+                return True
+        return False
 
     def get_num_unfinished_seq_groups(self) -> int:
         return super().get_num_unfinished_seq_groups() + len(self.parked)

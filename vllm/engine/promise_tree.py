@@ -16,14 +16,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set
 
-from sequence_hooks.lifecycle import (MERGED_TOKEN_LOGPROB, ChildSpec,
-                                      MemberResult, PromiseCoordinator,
-                                      RequestParams, Resume, decode_own,
-                                      encode_merge)
+from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Abort, Action, Fork,
+                                    MemberResult, Park, ReportTree,
+                                    RequestParams, Resume, StartTree)
+from sequence_hooks.lifecycle import PromiseCoordinator
 from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.ordering import CriticalPathOrder, eviction_order
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.tree import LiveNode, LiveTree
+from sequence_hooks.texts import decode_own, encode_merge
+from sequence_hooks.tree import LiveTree, PromiseNode
 from vllm.core.scheduler import SchedulerOutputs
 from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
 from vllm.sampling_params import SamplingParams
@@ -34,7 +35,7 @@ from vllm.utils import Counter
 
 
 @dataclass
-class PromiseTreeGroup(SequenceGroupBase, LiveTree):
+class PromiseTreeGroup(SequenceGroupBase):
     """One request's promise tree, registered in the engine.
 
     Registered in `LLMEngine.seq_id_to_seq_group` under each child's request
@@ -44,6 +45,8 @@ class PromiseTreeGroup(SequenceGroupBase, LiveTree):
     lives as long as its request's sequences refer to it.
     """
 
+    # The tree's live record (the coordinator's; outputs snapshot it).
+    tree: Optional[LiveTree] = None
     # The engine's `seq_id_to_seq_group`, which holds the children's entries.
     registry: Dict[str, SequenceGroupBase] = field(default_factory=dict,
                                                    repr=False)
@@ -52,6 +55,10 @@ class PromiseTreeGroup(SequenceGroupBase, LiveTree):
         # Engine state that every sequence of the tree refers to: forking a
         # sequence (a deep copy) shares it.
         return self
+
+    def snapshot(self) -> PromiseNode:
+        """The tree as it is now, for the root's output."""
+        return self.tree.snapshot()
 
     def maybe_assemble_group(
             self, seq_group: SequenceGroup) -> Optional[SequenceGroup]:
@@ -119,13 +126,6 @@ class V0PromiseAdapter:
         self.groups: Dict[str, SequenceGroup] = {}
         # Where each live child's own output starts.
         self._forks: Dict[str, _Fork] = {}
-        # The groups the scheduler handed out this step, in the order the
-        # engine processes them.
-        self._scheduled: List = []
-        # The group whose finish is being recorded, if any.
-        self._finishing: Optional[SequenceGroup] = None
-        # The group whose sampled token is being dispatched, if any.
-        self._sampling: Optional[SequenceGroup] = None
 
     # Engine events.
 
@@ -138,38 +138,26 @@ class V0PromiseAdapter:
                 self.finished(seq_group)
             return
         params = seq_group.sampling_params
-        self._sampling = seq_group
-        try:
+        self._carry_out(
             self.coordinator.sampled(
                 seq_group.request_id, seq.get_last_token_id(),
                 seq.get_len(), lambda: RequestParams.of(
-                    seq.get_prompt_len(), params.max_tokens, params))
-        finally:
-            self._sampling = None
+                    seq.get_prompt_len(), params.max_tokens, params)),
+            seq_group)
 
     def step_scheduled(self, outputs: SchedulerOutputs) -> None:
-        """Takes note of what the scheduler handed out for this step.
-
-        The engine processes the scheduled groups in this order, so a group
-        before the one being processed has been processed already. Groups of
-        a tree that the scheduler finished itself (too long for the cache)
-        are recorded as finished here: no output processing sees them.
-        """
-        # Nothing of this step is processed while ignored groups finish.
-        self._scheduled = []
+        """Records the groups of a tree that the scheduler finished itself
+        (too long for the cache): no output processing sees them, and
+        nothing of this step is processed yet."""
         for seq_group in outputs.ignored_seq_groups:
             if seq_group.first_seq.promise_tree is not None:
-                self.finished(seq_group)
-        self._scheduled = outputs.scheduled_seq_groups
+                self.finished(seq_group, processing=False)
 
     def aborted(self, seq_group: SequenceGroup) -> None:
-        """A group of a tree that an abort finished, whoever asked
+        """A group of a tree that an abort from outside finished
         (engine-level aborts bypass output processing)."""
-        self.groups.pop(seq_group.request_id, None)
-        self._forks.pop(seq_group.request_id, None)
-        # Tracing reads it; no output is made for an aborted child.
-        seq_group.set_finished_time(time.time())
-        self.coordinator.aborted(seq_group.request_id)
+        self._forget(seq_group)
+        self._carry_out(self.coordinator.aborted(seq_group.request_id), None)
 
     def eviction_order(self, evicted: Set[str],
                        seq_group: SequenceGroup) -> List[str]:
@@ -190,8 +178,16 @@ class V0PromiseAdapter:
         """Exports the fraction of KV blocks in use, parked ones included."""
         self.metrics.kv_cache_usage.set(fraction)
 
-    def finished(self, seq_group: SequenceGroup) -> None:
-        """Records a finished (stopped, capped or ignored) group of a tree."""
+    def finished(self,
+                 seq_group: SequenceGroup,
+                 processing: bool = True) -> None:
+        """Records a finished (stopped, capped or ignored) group of a tree.
+
+        Args:
+            seq_group: The group.
+            processing: Whether the engine is processing its output now
+                (False: the scheduler ignored it).
+        """
         seq = seq_group.first_seq
         request_id = seq_group.request_id
         fork = self._forks.pop(request_id, _Fork(0, 0))
@@ -202,31 +198,50 @@ class V0PromiseAdapter:
                   if params.detokenize else None),
             logprobs=(list(seq.output_logprobs[fork.output_len:])
                       if params.logprobs is not None else None))
-        self._finishing = seq_group
-        try:
-            self.coordinator.finished(
-                request_id, SequenceStatus.get_finished_reason(seq.status),
-                result)
-        finally:
-            self._finishing = None
-            self.groups.pop(request_id, None)
+        actions = self.coordinator.finished(
+            request_id, SequenceStatus.get_finished_reason(seq.status), result)
+        self.groups.pop(request_id, None)
+        self._carry_out(actions, seq_group if processing else None)
 
-    # The coordinator's actions (`sequence_hooks.lifecycle.EngineAdapter`).
+    # The coordinator's actions, carried out.
 
-    def new_tree(self, root_id: str) -> LiveTree:
-        # A root's first promise: the group being dispatched.
-        assert (self._sampling is not None
-                and self._sampling.request_id == root_id)
-        seq_group = self.groups[root_id] = self._sampling
+    def _carry_out(self, actions: List[Action],
+                   current: Optional[SequenceGroup]) -> None:
+        """Carries out the coordinator's actions, in order.
+
+        Args:
+            actions: What the coordinator returned.
+            current: The group whose output the engine is processing (its
+                event's); None: none (an ignored group, an abort).
+        """
+        for action in actions:
+            if isinstance(action, StartTree):
+                self._start_tree(action, current)
+            elif isinstance(action, Fork):
+                self._fork(action)
+            elif isinstance(action, Park):
+                self.scheduler.park(self.groups[action.member_id])
+            elif isinstance(action, Resume):
+                self._resume(action)
+            elif isinstance(action, Abort):
+                self._abort(action, current)
+            else:
+                # Outputs read the tree from the root's sequence (its
+                # `promise_tree`), whenever the engine makes them.
+                assert isinstance(action, ReportTree)
+
+    def _start_tree(self, action: StartTree, current: SequenceGroup) -> None:
+        # A root's first promise: the group being processed.
+        assert current.request_id == action.root_id
+        self.groups[action.root_id] = current
         # A request split by parallel sampling reports under its own id.
-        split = self.registry.get(root_id)
-        tree = PromiseTreeGroup(group_id=split.group_id if split else root_id,
-                                registry=self.registry,
-                                root=LiveNode(root_id))
-        seq_group.first_seq.promise_tree = tree
-        return tree
+        split = self.registry.get(action.root_id)
+        current.first_seq.promise_tree = PromiseTreeGroup(
+            group_id=split.group_id if split else action.root_id,
+            tree=action.tree,
+            registry=self.registry)
 
-    def fork(self, child: ChildSpec) -> None:
+    def _fork(self, child: Fork) -> None:
         parent_group = self.groups[child.parent_id]
         parent_seq = parent_group.first_seq
         # The fork shares the parent's tree (PromiseTreeGroup.__deepcopy__).
@@ -262,35 +277,27 @@ class V0PromiseAdapter:
         self.groups[child.request_id] = child_group
         self.registry[child.request_id] = parent_seq.promise_tree
 
-    def park(self, member_id: str) -> None:
-        self.scheduler.park(self.groups[member_id])
-
-    def resume(self, member_id: str, resume: Resume) -> bool:
-        seq_group = self.groups[member_id]
+    def _resume(self, resume: Resume) -> None:
+        seq_group = self.groups[resume.member_id]
         seq = seq_group.first_seq
         params = seq_group.sampling_params
         # The resume prefills output tokens; the prompt's logprobs are done.
         params.prompt_logprobs = None
-        # A resume that prefills (merged tokens, or a parent evicted while
-        # parked) re-creates the generator from the seed.
-        reseeded = resume.seed is not None and bool(resume.token_ids
-                                                    or seq.is_prefill())
-        if reseeded:
+        if resume.seed is not None:
             params.seed = resume.seed
-        self._append_given_tokens(seq, params, resume.token_ids,
+        self._append_given_tokens(seq, params, list(resume.token_ids),
                                   resume.token_logprob)
         if seq.status == SequenceStatus.BLOCKED:
             self.scheduler.unpark(seq_group)
-        return reseeded
 
-    def abort(self, member_ids: List[str]) -> None:
-        for member_id in member_ids:
-            seq_group = self.groups[member_id]
-            processed = self._processed_before(seq_group, self._finishing)
+    def _abort(self, action: Abort, current: Optional[SequenceGroup]) -> None:
+        for member_id in action.member_ids:
+            processed = self.scheduler.processed_before(
+                self.groups[member_id], current)
             # Aborted by its own id: stock abort resolves registered ids to
-            # the request's, so the registry is left out. The scheduler
-            # reports it back to `aborted`.
-            self.scheduler.abort_seq_group(member_id)
+            # the request's, so the registry is left out.
+            for seq_group in self.scheduler.abort_tree_groups(member_id):
+                self._forget(seq_group)
             if not processed:
                 # The engine makes no output for it this step (it skips it
                 # as finished, or did not schedule it), so no output needs
@@ -298,6 +305,8 @@ class V0PromiseAdapter:
                 # an output made, which the entry keeps empty; making it
                 # drops the entry (PromiseTreeGroup.finish_seq).
                 self.registry.pop(member_id, None)
+
+    # What the coordinator asks (`sequence_hooks.actions.EngineQueries`).
 
     def engine_finished(self, member_id: str) -> bool:
         seq_group = self.groups.get(member_id)
@@ -309,10 +318,11 @@ class V0PromiseAdapter:
     def decode(self, member_id: str, token_ids: List[int]) -> str:
         return decode_own(self._tokenizer(member_id), token_ids)
 
-    def report_tree(self, root_id: str, tree: LiveTree) -> None:
-        # Outputs read the tree from the root's sequence (its
-        # `promise_tree`), whenever the engine makes them.
-        pass
+    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
+        # A resume that prefills (merged tokens, or a parent evicted while
+        # parked) re-creates the generator from the seed.
+        return bool(
+            num_tokens) or self.groups[member_id].first_seq.is_prefill()
 
     # Mechanics.
 
@@ -320,21 +330,12 @@ class V0PromiseAdapter:
         return self.detokenizer.get_tokenizer_for_seq(
             self.groups[member_id].first_seq)
 
-    def _processed_before(self, seq_group: SequenceGroup,
-                          finishing: Optional[SequenceGroup]) -> bool:
-        """Whether the engine processed ``seq_group`` earlier in this step
-        than ``finishing``, which it is processing now.
-
-        Only called for unfinished groups, and while the engine processes
-        the step's outputs (or, for ignored groups, before it processes
-        any): the engine goes through the scheduled groups in order.
-        """
-        for scheduled in self._scheduled:
-            if scheduled.seq_group is finishing:
-                return False
-            if scheduled.seq_group is seq_group:
-                return True
-        return False
+    def _forget(self, seq_group: SequenceGroup) -> None:
+        """Drops an aborted group of a tree; no output is made for it."""
+        self.groups.pop(seq_group.request_id, None)
+        self._forks.pop(seq_group.request_id, None)
+        # Tracing reads it, as `PromiseTreeGroup.finish_seq` sets it.
+        seq_group.set_finished_time(time.time())
 
     def _append_given_tokens(self,
                              seq: Sequence,

@@ -16,8 +16,8 @@ merged tokens. Children promise and sync the same way, recursively.
 It runs the hooks' own lifecycle (`sequence_hooks.lifecycle`): every
 decision (limits, child ids, budgets, merges and their cut, the abort
 cascade, texts without hook tokens) is the `PromiseCoordinator`'s that
-the hooked engines use; a `JoinTask` is its `EngineAdapter`, whose
-mechanics are requests: a fork sends the child's context as a prompt, a
+the hooked engines use; a `JoinTask` carries out its actions with
+requests: a fork sends the child's context as a prompt, a
 park waits, a resume sends a continuation. What stays the client's:
 finishing (a hook token that is the last allowed token finishes the
 sequence with "length", as the engine's stop check runs first) and the
@@ -44,11 +44,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
-from sequence_hooks.lifecycle import (ChildSpec, MemberResult,
-                                      PromiseCoordinator, RequestParams,
-                                      Resume, decode_own, encode_merge)
+from sequence_hooks.actions import (Abort, Action, Fork, MemberResult, Park,
+                                    ReportTree, RequestParams, Resume)
+from sequence_hooks.lifecycle import PromiseCoordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.tree import LiveNode, LiveTree, PromiseNode
+from sequence_hooks.texts import decode_own, encode_merge
+from sequence_hooks.tree import PromiseNode
 
 # A sequence's place in its tree: () for the request's own sequence, (1,)
 # for the child of its second promise, (1, 0) for that child's first child.
@@ -243,8 +244,8 @@ class JoinResult:
 
 class JoinTask:
     """Runs one request's promise/sync tree from the client: the engine
-    mechanics of `sequence_hooks.lifecycle` done with requests (its
-    `EngineAdapter`), every decision left to its `PromiseCoordinator`.
+    mechanics of `sequence_hooks.lifecycle` done with requests (it carries
+    out the actions), every decision left to its `PromiseCoordinator`.
 
     Args:
         task_id: Unique id; request ids derive from it.
@@ -318,7 +319,7 @@ class JoinTask:
     def _fail(self, error: BaseException) -> None:
         if self.error is None and self.result is None:
             self.error = error
-            self.abort([
+            self._cancel([
                 member_id for member_id, seq in self.sequences.items()
                 if seq.request_id is not None
             ])
@@ -338,10 +339,11 @@ class JoinTask:
             seq.sampled += 1
             last = finish_reason is not None and i == len(token_ids) - 1
             if token_id == self.special_kwargs.promise_token_id and not last:
-                self.coordinator.promise(
-                    member_id, len(seq.text.ids),
-                    RequestParams(prompt_len=len(self.prompt_ids),
-                                  max_tokens=self.max_tokens))
+                self._carry_out(
+                    self.coordinator.promise(
+                        member_id, len(seq.text.ids),
+                        RequestParams(prompt_len=len(self.prompt_ids),
+                                      max_tokens=self.max_tokens)))
         if finish_reason is None:
             return
         seq.request_id = None
@@ -353,17 +355,22 @@ class JoinTask:
                 # The hooks' stop check runs first: a `<sync>` that is the
                 # last allowed token ends the sequence.
                 self._finish(seq, member_id, "length")
-            elif not self.coordinator.sync(member_id, len(seq.text.ids)):
-                # An ordinary `<sync>`: the sequence goes on.
-                self._send(seq)
+            else:
+                actions = self.coordinator.sync(member_id, len(seq.text.ids))
+                if not actions:
+                    # An ordinary `<sync>`: the sequence goes on.
+                    self._send(seq)
+                self._carry_out(actions)
             return
         self._finish(seq, member_id, finish_reason)
 
     def _finish(self, seq: JoinSequence, member_id: str, reason: str) -> None:
         if self.coordinator.is_member(member_id):
-            self.coordinator.finished(
-                member_id, reason,
-                MemberResult(seq.own_ids, seq.text.text[seq.fork_text_len:]))
+            self._carry_out(
+                self.coordinator.finished(
+                    member_id, reason,
+                    MemberResult(seq.own_ids,
+                                 seq.text.text[seq.fork_text_len:])))
         else:
             # A request that never promised: a childless tree.
             self._done(
@@ -378,12 +385,23 @@ class JoinTask:
         if self.on_done is not None:
             self.on_done(self)
 
-    # The coordinator's actions (`sequence_hooks.lifecycle.EngineAdapter`).
+    # The coordinator's actions, carried out.
 
-    def new_tree(self, root_id: str) -> LiveTree:
-        return LiveTree(root=LiveNode(root_id))
+    def _carry_out(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Fork):
+                self._fork(action)
+            elif isinstance(action, Park):
+                self.sequences[action.member_id].parked = True
+            elif isinstance(action, Resume):
+                self._resume(action)
+            elif isinstance(action, Abort):
+                self._cancel(action.member_ids)
+            elif isinstance(action, ReportTree):
+                self._done(action.tree)
+            # StartTree: the join keeps no record of its own.
 
-    def fork(self, child: ChildSpec) -> None:
+    def _fork(self, child: Fork) -> None:
         # Seeds go through unchanged (a client cannot reproduce the hooks'
         # random streams), budgets are the request's (`_send`).
         parent = self.sequences[child.parent_id]
@@ -395,24 +413,22 @@ class JoinTask:
         self.sequences[child.request_id] = seq
         self._send(seq)
 
-    def park(self, member_id: str) -> None:
-        self.sequences[member_id].parked = True
-
-    def resume(self, member_id: str, resume: Resume) -> bool:
-        seq = self.sequences[member_id]
+    def _resume(self, resume: Resume) -> None:
+        seq = self.sequences[resume.member_id]
         for token_id in resume.token_ids:
             seq.text.append(token_id)
         seq.parked = False
         self._send(seq)
-        return False
 
-    def abort(self, member_ids: list[str]) -> None:
+    def _cancel(self, member_ids) -> None:
         for member_id in member_ids:
             seq = self.sequences[member_id]
             if seq.request_id is not None:
                 self.sender.cancel(seq.request_id)
                 seq.request_id = None
             seq.parked = False
+
+    # What the coordinator asks (`sequence_hooks.actions.EngineQueries`).
 
     def engine_finished(self, member_id: str) -> bool:
         # Every finish reaches the join as it happens.
@@ -424,8 +440,9 @@ class JoinTask:
     def decode(self, member_id: str, token_ids: list[int]) -> str:
         return decode_own(self.tokenizer, token_ids)
 
-    def report_tree(self, root_id: str, tree: LiveTree) -> None:
-        self._done(tree.snapshot())
+    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
+        # Seeds go through unchanged (`_fork`).
+        return False
 
 
 class EngineSender:

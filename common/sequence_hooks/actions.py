@@ -1,0 +1,204 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""What an engine and the promise/sync lifecycle tell each other.
+
+The lifecycle (`sequence_hooks.lifecycle.PromiseCoordinator`) is a
+"sans-IO" core, as h11 and h2 are for HTTP: an engine feeds it events and
+gets back a list of actions, plain values it carries out where it already
+holds its step's context. The coordinator never calls into an engine to
+change it; what it must ask (`EngineQueries`) is read-only and fixed when
+the coordinator is made.
+
+- What the engine reports: `RequestParams` (a request's parameters, read
+  at a root's first promise) and `MemberResult` (what a finished member
+  produced).
+- What the coordinator asks for: `StartTree`, `Fork`, `Park`, `Resume`,
+  `Abort`, `ReportTree`, each carried out in the order given.
+"""
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Optional, Protocol, Union
+
+from sequence_hooks.tree import LiveTree, PromiseNode, TokenLogprobs
+
+# Logprob given to tokens that were appended, not sampled (merged tokens,
+# the role marker): they leave the cumulative logprob unchanged.
+MERGED_TOKEN_LOGPROB = 0.0
+
+# Child ids: `<root request id>/promise-<k>`, where k counts the children
+# spawned in the root's tree before this one (0 for the first), whatever
+# their parents. The root's id is its engine request's (a sample's own id
+# when a request has `n > 1`), so ids are unique per engine.
+#
+# Seeds: a seeded request's child gets `derive_seed(parent seed,
+# "child-<i>")`, i its index among its parent's children; a resume that
+# re-creates its member's random generator (an engine that prefills merged
+# tokens anew) gets `derive_seed(seed, "resume-<k>")`, k the member's
+# children merged so far, this merge's included.
+
+
+def child_request_id(root_id: str, index: int) -> str:
+    """The id of the ``index``-th child spawned in ``root_id``'s tree."""
+    return f"{root_id}/promise-{index}"
+
+
+def derive_seed(seed: int, purpose: str) -> int:
+    """A deterministic seed for a child or a resume of a seeded sequence.
+
+    Args:
+        seed: The parent's (or resuming member's) seed.
+        purpose: What the seed is for, e.g. "child-0" or "resume-1".
+
+    Returns:
+        A non-negative 63-bit seed.
+    """
+    digest = hashlib.blake2b(f"{seed}:{purpose}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") >> 1
+
+
+@dataclass(frozen=True)
+class RequestParams:
+    """What the lifecycle reads of a request: where its own tokens start
+    and its sampling parameters."""
+
+    # Its prompt's length: the root's own tokens start there.
+    prompt_len: int
+    # Own tokens each member may produce (merged ones count); None: up to
+    # the model length.
+    max_tokens: Optional[int]
+    # Own tokens each member produces before it may stop.
+    min_tokens: int = 0
+    # The request's seed; None if unseeded.
+    seed: Optional[int] = None
+    # The request's stop strings.
+    stop: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, prompt_len: int, max_tokens: Optional[int],
+           sampling_params: Any) -> "RequestParams":
+        """What the lifecycle reads of a vLLM request, either engine's.
+
+        Args:
+            prompt_len: Its prompt's length.
+            max_tokens: Its own-token budget (the engine's reading of it).
+            sampling_params: Its `SamplingParams` (`min_tokens`, `seed`,
+                `stop`: the same fields on V0 and V1).
+
+        Returns:
+            The parameters.
+        """
+        return cls(prompt_len, max_tokens, sampling_params.min_tokens,
+                   sampling_params.seed, tuple(sampling_params.stop or ()))
+
+
+@dataclass(frozen=True)
+class MemberResult:
+    """What a finished member produced, as its engine has it."""
+
+    # Its own tokens (after its context), merged ones included.
+    token_ids: list[int]
+    # Its own text as the engine detokenized it (hook token strings may
+    # show); None: the coordinator decodes ``token_ids``.
+    text: Optional[str]
+    # Per own token, its logprobs (merged tokens' entries are replaced by
+    # None); None unless the request asked for logprobs.
+    logprobs: Optional[list[Optional[TokenLogprobs]]] = None
+
+
+@dataclass(frozen=True)
+class StartTree:
+    """A request's first promise made it a tree's root: from now on the
+    engine reports its finish (`PromiseCoordinator.finished`)."""
+
+    root_id: str
+    # The tree's live record, which an engine may read for its outputs
+    # (only the coordinator changes it).
+    tree: LiveTree
+
+
+@dataclass(frozen=True)
+class Fork:
+    """Start a child: its context is its parent's whole context and
+    ``context_tokens``, sharing the parent's KV cache. Everything not
+    named here is its parent's sampling parameters, except that it has no
+    prompt logprobs."""
+
+    # Its request id (`lifecycle.child_request_id`).
+    request_id: str
+    # The promising member's request id.
+    parent_id: str
+    # Tokens appended to the parent's whole context to make the child's
+    # (the role marker, if configured); they are not its own tokens.
+    context_tokens: tuple[int, ...]
+    # Its own tokens' budget and minimum, counted from its first own token.
+    max_tokens: Optional[int]
+    min_tokens: int
+    # Its seed; None if the request is unseeded.
+    seed: Optional[int]
+    # Stop strings it honours, as its request does.
+    stop: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Park:
+    """Stop scheduling a member; it keeps its KV cache."""
+
+    member_id: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Append tokens to a member (parked or not) and schedule it again,
+    computing only the new tokens."""
+
+    member_id: str
+    # The merged tokens, already cut to leave room for one sampled token.
+    token_ids: tuple[int, ...]
+    # The logprob each merged token gets where logprobs are reported.
+    token_logprob: float
+    # Re-create the member's random generator from this seed (the engine
+    # said it would, `EngineQueries.reseeds_on_resume`); None: keep it.
+    seed: Optional[int]
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Abort live members, deepest first; no output for them."""
+
+    member_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReportTree:
+    """A root finished: its tree goes with its final output."""
+
+    root_id: str
+    tree: PromiseNode
+
+
+Action = Union[StartTree, Fork, Park, Resume, Abort, ReportTree]
+
+
+class EngineQueries(Protocol):
+    """What the coordinator asks an engine; nothing here changes it."""
+
+    def engine_finished(self, member_id: str) -> bool:
+        """Whether the engine has finished a member whose finish it has
+        not reported yet (it will)."""
+        ...
+
+    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
+        """Whether a resume of a seeded member appending ``num_tokens``
+        re-creates its random generator (an engine that prefills the
+        merged tokens as a new sequence does)."""
+        ...
+
+    def encode(self, member_id: str, text: str) -> list[int]:
+        """Token ids of text merged into a member; text that spells a
+        special token must stay text."""
+        ...
+
+    def decode(self, member_id: str, token_ids: list[int]) -> str:
+        """The text of a member's own tokens (hook tokens left out)."""
+        ...

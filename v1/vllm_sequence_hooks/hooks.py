@@ -1,0 +1,428 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The V1 engine's side of the promise/sync lifecycle.
+
+`SequenceHooks` turns a step's `EngineCoreOutput`s into the lifecycle's
+events and carries out the actions the engine-neutral `PromiseCoordinator`
+(`sequence_hooks.lifecycle`) returns for them, on V1 requests: a fork is
+a new request sharing its parent's KV blocks, a park and a resume are a
+streaming-input session's (`parking`), merged tokens and a finished
+root's tree travel in the root's output (`transport`). It is held by the
+scheduler (`scheduler.SequenceHookScheduler`), which calls it after
+upstream's `update_from_output`; every step's context (its outputs) is a
+local of `update`, passed to each action.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from vllm_sequence_hooks.stop_strings import StopStringChecks, frontend_text
+from vllm_sequence_hooks.transport import (ChildPreemptions, SampleTrees,
+                                           append_merged_tokens, attach_tree)
+
+from sequence_hooks.actions import (Abort, Action, Fork, MemberResult, Park,
+                                    ReportTree, RequestParams, Resume,
+                                    StartTree)
+from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.metrics import SequenceHookMetrics
+from sequence_hooks.ordering import CriticalPathOrder
+from sequence_hooks.special_kwargs import SpecialKwargs
+from sequence_hooks.texts import decode_own, encode_merge
+from vllm.logprobs import append_logprobs_for_next_position
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.outputs import LogprobsLists
+from vllm.v1.request import Request, RequestStatus, StreamingUpdate
+
+
+@dataclass
+class _Step:
+    """What the hooks change of one step's outputs."""
+
+    # The step's outputs by request id.
+    outputs: dict[str, EngineCoreOutput]
+    # Outputs the hooks add (merged tokens of parents that sampled
+    # nothing), by client index.
+    extra: dict[int, list[EngineCoreOutput]] = field(default_factory=dict)
+
+
+# The method that carries out each action.
+_CARRIERS = {
+    StartTree: "_start_tree",
+    Fork: "_fork",
+    Park: "_park",
+    Resume: "resume",
+    Abort: "_abort",
+    ReportTree: "_report_tree",
+}
+
+
+class SequenceHooks:
+    """Runs promise/sync trees on one V1 scheduler.
+
+    Args:
+        scheduler: The `SequenceHookScheduler` that holds it.
+        special_kwargs: The hook configuration, resolved to ids.
+        tokenizer: The model's tokenizer (merges tokenize texts).
+        policy: The scheduler's policy ("fcfs" or "priority").
+        served_model_name: The metrics' model label.
+        end_requests: Upstream's `finish_requests`, for the ends the hooks
+            decide themselves (the lifecycle already knows of them).
+    """
+
+    def __init__(self, scheduler: Any, special_kwargs: SpecialKwargs,
+                 tokenizer: Any, policy: str, served_model_name: Any,
+                 end_requests: Callable[[Any, RequestStatus], Any]) -> None:
+        self.scheduler = scheduler
+        self.special_kwargs = special_kwargs
+        self.tokenizer = tokenizer
+        self.end_requests = end_requests
+        # V0's `vllm:sequence_hook_*` metrics (docs/v1.md: how they reach
+        # `/metrics` from the engine core's process).
+        self.metrics = SequenceHookMetrics(served_model_name)
+        self.coordinator = PromiseCoordinator.for_tokenizer(
+            special_kwargs, self, scheduler.max_model_len, tokenizer,
+            self.metrics)
+        # The queues' order before each step (upstream's own heaps order
+        # plain requests by priority under that policy).
+        self.order = CriticalPathOrder.for_scheduler(
+            self.coordinator,
+            special_kwargs,
+            policy,
+            engine_orders_by_priority=True)
+        self.sample_trees = SampleTrees()
+        self.child_preemptions = ChildPreemptions()
+        self.stop_strings = StopStringChecks(tokenizer)
+        # Live children's sampled tokens' logprobs (None where merged), if
+        # their request asked for logprobs (a root's are its output's).
+        self.child_logprobs: dict[str, list] = {}
+
+    # Events.
+
+    def members_scheduled(
+            self, scheduler_output: SchedulerOutput) -> dict[str, Request]:
+        """Tree members scheduled this step, read before upstream's update
+        (finished members leave `requests` there)."""
+        coordinator, requests = self.coordinator, self.scheduler.requests
+        if not coordinator.num_members():
+            return {}
+        return {
+            request_id: requests[request_id]
+            for request_id in scheduler_output.num_scheduled_tokens
+            if coordinator.is_member(request_id) and request_id in requests
+        }
+
+    def update(self, members: dict[str, Request],
+               engine_outputs: dict[int, EngineCoreOutputs]) -> None:
+        """Runs the hooks of a step's outputs, in place: the events of the
+        sampled tokens, then their actions; children's outputs removed.
+
+        Args:
+            members: `members_scheduled` of this step.
+            engine_outputs: Upstream's outputs of this step.
+        """
+        if not (members or len(self.sample_trees)
+                or self._sampled_a_promise(engine_outputs)):
+            # No tree, no sample of an `n > 1` request, no promise: the
+            # stock outputs as they are (the hot path without hooks).
+            return
+        step = _Step({
+            out.request_id: out
+            for outputs in engine_outputs.values()
+            for out in outputs.outputs
+        })
+        # Decided before the hooks run: a finished root drops its tree.
+        children = {
+            request_id: self.coordinator.root_of(request_id)
+            for request_id in step.outputs
+            if self.coordinator.is_child(request_id)
+        }
+        requests = self.scheduler.requests
+        for outputs in engine_outputs.values():
+            for out in list(outputs.outputs):
+                request = (members.get(out.request_id)
+                           or requests.get(out.request_id))
+                if request is not None:
+                    self._on_output(request, out, step)
+            # Children never report to the frontend; their preemptions
+            # count as their root's.
+            for out in outputs.outputs:
+                if out.request_id in children:
+                    self.child_preemptions.hold(children[out.request_id], out)
+            outputs.outputs = [
+                out for out in outputs.outputs
+                if out.request_id not in children
+            ]
+        for client_index, outputs in step.extra.items():
+            engine_outputs.setdefault(
+                client_index, EngineCoreOutputs()).outputs.extend(outputs)
+        for outputs in engine_outputs.values():
+            for out in outputs.outputs:
+                self.child_preemptions.attach(out)
+                if out.finish_reason is None:
+                    self._check_root_stop_strings(out, step)
+                if out.finish_reason is not None:
+                    self.stop_strings.forget(out.request_id)
+                    self.sample_trees.finished(out)
+
+    def finishing(self, request_ids: list[str]) -> None:
+        """Requests upstream's `finish_requests` ends (an abort from
+        outside, whoever asked): an aborted root takes its tree along."""
+        for request_id in request_ids:
+            self.sample_trees.forget(request_id)
+            self.stop_strings.forget(request_id)
+            self.child_preemptions.forget(request_id)
+            if (self.coordinator.is_member(request_id)
+                    and not self.coordinator.is_child(request_id)):
+                self._carry_out(self.coordinator.aborted(request_id), None)
+                self.scheduler.forget_kv_state(request_id)
+
+    def added(self, request_id: str) -> None:
+        """A new request: notes the samples of `n > 1` requests."""
+        self.sample_trees.added(request_id)
+
+    def _sampled_a_promise(
+            self, engine_outputs: dict[int, EngineCoreOutputs]) -> bool:
+        promise = self.special_kwargs.promise_token_id
+        return any(out.new_token_ids and out.new_token_ids[-1] == promise
+                   for outputs in engine_outputs.values()
+                   for out in outputs.outputs)
+
+    def _on_output(self, request: Request, out: EngineCoreOutput,
+                   step: _Step) -> None:
+        if out.finish_reason is None and request.is_finished():
+            # Aborted earlier in this step, with its finished ancestor.
+            return
+        request_id = request.request_id
+        if self.coordinator.is_finished(request_id):
+            return
+        if out.new_logprobs is not None and request_id in self.child_logprobs:
+            self._record_logprobs(request_id, out.new_logprobs)
+        if out.finish_reason is not None:
+            if self.coordinator.is_member(request_id):
+                self._finished(request, str(out.finish_reason), step)
+            return
+        if not out.new_token_ids:
+            return
+        if self.coordinator.is_child(request_id) and (
+                self.stop_strings.is_watched(request_id)):
+            check = self.stop_strings.feed_new(request)
+            if check is not None:
+                # As V0's stop checker: the child ends, its text cut.
+                self.end_requests(request_id, RequestStatus.FINISHED_STOPPED)
+                self._finished(request, "stop", step, check.output_text)
+                return
+        params = request.sampling_params
+        self._carry_out(
+            self.coordinator.sampled(
+                request_id, out.new_token_ids[-1],
+                request.num_tokens, lambda: RequestParams.of(
+                    request.num_prompt_tokens, request.max_tokens, params)),
+            step)
+
+    def _finished(self,
+                  request: Request,
+                  reason: str,
+                  step: _Step,
+                  text: Optional[str] = None,
+                  token_ids: Optional[list[int]] = None) -> None:
+        """Records a member's finish with the lifecycle: the one path of
+        every member's end on V1 (a stop, a length cap, a stop string of a
+        child or of a root).
+
+        Args:
+            request: The member's request.
+            reason: "stop", "length" or upstream's other reasons.
+            step: This step's outputs.
+            text: Its own text, if a stop string cut it (else detokenized
+                as the frontend would).
+            token_ids: Its own tokens, if a stop string cut them (else all
+                it sampled).
+        """
+        request_id = request.request_id
+        start = self.coordinator.own_start(request_id)
+        self.stop_strings.forget(request_id)
+        self.scheduler.forget_kv_state(request_id)
+        if text is None:
+            text = frontend_text(self.tokenizer, request, start)
+        if token_ids is None:
+            token_ids = list(request.all_token_ids[start:])
+        self._carry_out(
+            self.coordinator.finished(
+                request_id, reason,
+                MemberResult(token_ids, text,
+                             self.child_logprobs.pop(request_id, None))), step)
+
+    def _record_logprobs(self, request_id: str,
+                         new_logprobs: LogprobsLists) -> None:
+        """Keeps a child's sampled tokens' logprobs for its tree node."""
+        logprobs = self.child_logprobs[request_id]
+        token_ids, values, ranks, _ = new_logprobs
+        for row_ids, row_logprobs, rank in zip(token_ids, values, ranks):
+            append_logprobs_for_next_position(logprobs, row_ids.tolist(),
+                                              row_logprobs.tolist(),
+                                              [None] * len(row_ids), int(rank),
+                                              len(row_ids) - 1)
+
+    def _check_root_stop_strings(self, out: EngineCoreOutput,
+                                 step: _Step) -> None:
+        """Ends a request whose output completes a stop string, with its
+        tree, if its outputs carry trees (`stop_strings`)."""
+        request = self.scheduler.requests.get(out.request_id)
+        if (request is None or request.is_finished()
+                or not request.sampling_params.stop):
+            return
+        coordinator = self.coordinator
+        if not self.stop_strings.is_watched(out.request_id):
+            if not (coordinator.is_member(out.request_id)
+                    or self.sample_trees.carries_trees(out.request_id,
+                                                       coordinator.is_member)):
+                return
+            start = (coordinator.own_start(out.request_id)
+                     if coordinator.is_member(out.request_id) else
+                     request.num_prompt_tokens)
+            self.stop_strings.watch(request, start, len(out.new_token_ids))
+        check = self.stop_strings.feed(out.request_id, out.new_token_ids)
+        if check is None:
+            return
+        # The tokens after the stop go, as vLLM 0.32's frontend drops them
+        # (`OutputProcessor._trim_surplus_tokens`); 0.31's
+        # would keep them in `CompletionOutput.token_ids`.
+        kept = self.stop_strings.num_kept
+        if kept < len(out.new_token_ids):
+            del out.new_token_ids[kept:]
+            if out.new_logprobs is not None:
+                out.new_logprobs = out.new_logprobs.slice_request(0, kept)
+        self.end_requests(out.request_id, RequestStatus.FINISHED_STOPPED)
+        if coordinator.is_member(out.request_id):
+            # As on V0: live children are aborted, the root stops there;
+            # its tokens end where the frontend cuts them.
+            step.outputs[out.request_id] = out
+            self._finished(request, "stop", step, check.output_text,
+                           list(check.output_token_ids))
+        # The frontend finds the same stop string and reports it; were it
+        # not to, the request would end aborted rather than wait forever.
+        out.finish_reason = FinishReason.ABORT
+
+    # The coordinator's actions, carried out.
+
+    def _carry_out(self, actions: list[Action], step: Optional[_Step]) -> None:
+        for action in actions:
+            getattr(self, _CARRIERS[type(action)])(action, step)
+
+    def _start_tree(self, action: StartTree, step: Optional[_Step]) -> None:
+        request = self.scheduler.requests[action.root_id]
+        # A resume extends the prompt in place; with the engine core in
+        # process, the frontend holds the same list.
+        request.prompt_token_ids = list(request.prompt_token_ids)
+
+    def _fork(self, child: Fork, step: Optional[_Step]) -> None:
+        scheduler = self.scheduler
+        parent = scheduler.requests[child.parent_id]
+        context = list(parent.all_token_ids) + list(child.context_tokens)
+        params = parent.sampling_params.clone()
+        # Its prompt is the parent's context: no prompt logprobs. A new
+        # request seeds a new generator, from the child's own seed.
+        params.prompt_logprobs = None
+        params.max_tokens = (child.max_tokens if child.max_tokens is not None
+                             else scheduler.max_model_len - len(context))
+        params.min_tokens = child.min_tokens
+        params.seed = child.seed
+        request = Request(
+            request_id=child.request_id,
+            prompt_token_ids=context,
+            sampling_params=params,
+            pooling_params=None,
+            client_index=parent.client_index,
+            lora_request=parent.lora_request,
+            cache_salt=parent.cache_salt,
+            # The root's priority and arrival time (the parent's are), as
+            # on V0: a tree's work ranks by its request's arrival.
+            priority=parent.priority,
+            arrival_time=parent.arrival_time,
+            block_hasher=parent._block_hasher)
+        if params.logprobs is not None:
+            self.child_logprobs[child.request_id] = []
+        if child.stop:
+            self.stop_strings.watch(request, len(context))
+        scheduler.queue_fork(request,
+                             parent,
+                             first=self.special_kwargs.critical_path_first)
+
+    def _park(self, action: Park, step: Optional[_Step]) -> None:
+        self.scheduler.park(self.scheduler.requests[action.member_id])
+
+    def resume(self, resume: Resume, step: Optional[_Step]) -> None:
+        """Appends a member's merged tokens as its session's next chunk.
+
+        Args:
+            resume: The coordinator's action.
+            step: This step's outputs: a root's show its merged tokens.
+        """
+        scheduler, member_id = self.scheduler, resume.member_id
+        request = scheduler.requests[member_id]
+        if request.status == RequestStatus.RUNNING:
+            # Only a parked session takes its next chunk.
+            scheduler.park(request)
+        token_ids = list(resume.token_ids)
+        if member_id in self.child_logprobs:
+            self.child_logprobs[member_id] += [None] * len(token_ids)
+        sync_token = request.all_token_ids[request.num_computed_tokens:]
+        # Output so far becomes prompt; the budget keeps counting it.
+        max_tokens = (request.max_tokens - request.num_output_tokens -
+                      len(token_ids))
+        params = request.sampling_params
+        params.prompt_logprobs = None
+        # The next chunk of the session: `<sync>` (sampled, not computed
+        # yet) and the merged tokens. Upstream keeps the computed tokens'
+        # KV and drops the uncomputed sampled token, given back here. The
+        # model runner keeps the request's generator: a seeded parent goes
+        # on with its own stream, replaying nothing.
+        scheduler.release.update_request_as_session(
+            scheduler, request,
+            StreamingUpdate(mm_features=None,
+                            prompt_token_ids=sync_token + token_ids,
+                            max_tokens=max_tokens,
+                            arrival_time=request.arrival_time,
+                            sampling_params=params))
+        if member_id in scheduler.evicted:
+            scheduler.requeue_evicted(request)
+        if token_ids and not self.coordinator.is_child(member_id):
+            # The root's stream shows its merged tokens; a child's never
+            # leave the engine core.
+            out = step.outputs.get(member_id)
+            if out is None:
+                out = EngineCoreOutput(request_id=member_id, new_token_ids=[])
+                step.outputs[member_id] = out
+                step.extra.setdefault(request.client_index, []).append(out)
+            append_merged_tokens(out, request, token_ids, resume.token_logprob)
+
+    def _abort(self, action: Abort, step: Optional[_Step]) -> None:
+        for member_id in action.member_ids:
+            self.child_logprobs.pop(member_id, None)
+            self.stop_strings.forget(member_id)
+            self.scheduler.forget_kv_state(member_id)
+        self.end_requests(list(action.member_ids),
+                          RequestStatus.FINISHED_ABORTED)
+
+    def _report_tree(self, action: ReportTree, step: Optional[_Step]) -> None:
+        out = step.outputs.get(action.root_id) if step is not None else None
+        if out is not None:
+            attach_tree(out, action.tree)
+
+    # What the coordinator asks (`sequence_hooks.actions.EngineQueries`).
+
+    def engine_finished(self, member_id: str) -> bool:
+        request = self.scheduler.requests.get(member_id)
+        return request is None or request.is_finished()
+
+    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
+        # The model runner keeps a resumed session's generator.
+        return False
+
+    def encode(self, member_id: str, text: str) -> list[int]:
+        return encode_merge(self.tokenizer, text)
+
+    def decode(self, member_id: str, token_ids: list[int]) -> str:
+        # Every finish here comes with its text (`frontend_text`).
+        return decode_own(self.tokenizer, token_ids)
