@@ -13,9 +13,8 @@ fork, a park and an eviction are `parking`'s. See docs/v1.md.
 from collections import deque
 from typing import Any
 
-from vllm_sequence_hooks.config import (REQUEST_CHECK, check_special_kwargs,
-                                        names_request_check, refuse_unservable,
-                                        special_kwargs_of)
+from vllm_sequence_hooks.config import (REQUEST_CHECK, names_request_check,
+                                        refuse_unservable, special_kwargs_of)
 from vllm_sequence_hooks.hooks import SequenceHooks
 from vllm_sequence_hooks.parking import ParkingScheduler
 from vllm_sequence_hooks.seams import check_vllm_version
@@ -64,12 +63,7 @@ class SequenceHookScheduler(ParkingScheduler):
         # scheduler, which the engine core's batch queue drives with up to
         # `max_concurrent_batches` batches in flight, as under async
         # scheduling (docs/running-at-scale.md).
-        tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
-        try:
-            special_kwargs = check_special_kwargs(
-                special_kwargs_of(vllm_config), vllm_config, tokenizer)
-        except ValueError as e:
-            raise ValueError(f"special_kwargs: {e}") from e
+        special_kwargs = special_kwargs_of(vllm_config)
         if not names_request_check(vllm_config):
             raise ValueError(
                 f"sequence hooks need --logits-processors {REQUEST_CHECK} "
@@ -80,7 +74,7 @@ class SequenceHookScheduler(ParkingScheduler):
         self.hooks = SequenceHooks(
             self,
             special_kwargs,
-            tokenizer,
+            cached_tokenizer_from_config(vllm_config.model_config),
             vllm_config.scheduler_config.policy,
             vllm_config.model_config.served_model_name,
             # The ends the hooks decide skip this class's override.
