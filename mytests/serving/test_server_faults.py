@@ -185,6 +185,23 @@ class Case:
     def expected(self, server: str) -> int:
         return self.status.get(server, 200)
 
+    @classmethod
+    def refused_by_hooked(cls, fields: dict, reason: str) -> "Case":
+        """Refused by the hooked server only, its message containing
+        ``reason``."""
+        return cls(fields, status=HOOKED_REFUSES, message={"hooked": reason})
+
+    @classmethod
+    def refused_by_both(cls, fields: dict, reason: str, **kwargs) -> "Case":
+        """Refused by both servers, each message containing ``reason``."""
+        return cls(fields,
+                   status=BOTH_REFUSE,
+                   message={
+                       "hooked": reason,
+                       "stock": reason
+                   },
+                   **kwargs)
+
 
 SAMPLED = {"temperature": 1.0, "seed": 7}
 TOOL = {
@@ -207,6 +224,11 @@ HOOKED_REFUSES = {"hooked": 400}
 GUIDED_MESSAGE = {"hooked": "guided decoding"}
 # The tiny vocabulary cannot begin JSON: refused on both servers.
 NO_JSON = {"hooked": "guided decoding", "stock": "no token of this model"}
+
+
+def tool_case(choice, **kwargs) -> Case:
+    """A chat request offering `TOOL` with ``tool_choice`` ``choice``."""
+    return Case({"tools": [TOOL], "tool_choice": choice}, chat=True, **kwargs)
 
 
 def guided_cases() -> dict:
@@ -337,13 +359,12 @@ CASES = {
     "user":
     Case({"user": "someone"}),
     "beam":
-    Case({
-        "use_beam_search": True,
-        "n": 2,
-        "length_penalty": 0.5
-    },
-         status=HOOKED_REFUSES,
-         message={"hooked": "use_beam_search"}),
+    Case.refused_by_hooked(
+        {
+            "use_beam_search": True,
+            "n": 2,
+            "length_penalty": 0.5
+        }, "use_beam_search"),
     "ignore_eos":
     Case({
         "ignore_eos": True,
@@ -363,12 +384,7 @@ CASES = {
     "prompt_logprobs":
     Case({"prompt_logprobs": 2}),
     "prompt_embeds":
-    Case({"prompt_embeds": "AAAA"},
-         status=BOTH_REFUSE,
-         message={
-             "hooked": "--enable-prompt-embeds",
-             "stock": "--enable-prompt-embeds"
-         }),
+    Case.refused_by_both({"prompt_embeds": "AAAA"}, "--enable-prompt-embeds"),
     "add_special_tokens":
     Case({"add_special_tokens": False}),
     "response_format-text":
@@ -388,12 +404,11 @@ CASES = {
         }
     }),
     "guided_whitespace_pattern":
-    Case({
-        "guided_regex": "(cat|dog)",
-        "guided_whitespace_pattern": " *"
-    },
-         status=HOOKED_REFUSES,
-         message=GUIDED_MESSAGE),
+    Case.refused_by_hooked(
+        {
+            "guided_regex": "(cat|dog)",
+            "guided_whitespace_pattern": " *"
+        }, "guided decoding"),
     "priority":
     Case({"priority": 1}, status=BOTH_REFUSE, message={"stock": "priority"}),
     "logits_processors-not-allowed":
@@ -485,13 +500,7 @@ CASES = {
     Case({"bad_words": ["cat", "dog"]}, chat=True),
     # V0 has no per-request prefix-cache salt: refused by name.
     "chat-cache_salt":
-    Case({"cache_salt": "salt"},
-         chat=True,
-         status=BOTH_REFUSE,
-         message={
-             "hooked": "cache_salt",
-             "stock": "cache_salt"
-         }),
+    Case.refused_by_both({"cache_salt": "salt"}, "cache_salt", chat=True),
     "chat-misc":
     Case(
         {
@@ -501,40 +510,20 @@ CASES = {
         },
         chat=True),
     "chat-tools-none":
-    Case({
-        "tools": [TOOL],
-        "tool_choice": "none"
-    }, chat=True),
+    tool_case("none"),
     "chat-tools-auto":
-    Case({
-        "tools": [TOOL],
-        "tool_choice": "auto"
-    },
-         chat=True,
-         status=BOTH_REFUSE,
-         message={"stock": "auto"}),
+    tool_case("auto", status=BOTH_REFUSE, message={"stock": "auto"}),
     "chat-tools-required":
-    Case({
-        "tools": [TOOL],
-        "tool_choice": "required"
-    },
-         chat=True,
-         status=BOTH_REFUSE,
-         message={"hooked": "guided decoding"}),
+    tool_case("required", status=BOTH_REFUSE, message=GUIDED_MESSAGE),
     "chat-tools-named":
-    Case(
-        {
-            "tools": [TOOL],
-            "tool_choice": {
-                "type": "function",
-                "function": {
-                    "name": "look"
-                }
-            }
-        },
-        chat=True,
-        status=BOTH_REFUSE,
-        message={"hooked": "guided decoding"}),
+    tool_case({
+        "type": "function",
+        "function": {
+            "name": "look"
+        }
+    },
+              status=BOTH_REFUSE,
+              message=GUIDED_MESSAGE),
     "chat-structural_tag":
     Case(
         {
@@ -556,30 +545,16 @@ CASES = {
         status=BOTH_REFUSE,
         covers=("response_format", "structural_tag")),
     "chat-surrogate":
-    Case({"messages": [{
+    Case.refused_by_both({"messages": [{
         "role": "user",
         "content": "\ud800"
     }]},
-         chat=True,
-         status=BOTH_REFUSE,
-         message={
-             "hooked": "lone surrogate",
-             "stock": "lone surrogate"
-         }),
+                         "lone surrogate",
+                         chat=True),
     "surrogate":
-    Case({"prompt": "\udbff the"},
-         status=BOTH_REFUSE,
-         message={
-             "hooked": "lone surrogate",
-             "stock": "lone surrogate"
-         }),
+    Case.refused_by_both({"prompt": "\udbff the"}, "lone surrogate"),
     "prompt-out-of-vocabulary":
-    Case({"prompt": [VOCAB_SIZE]},
-         status=BOTH_REFUSE,
-         message={
-             "hooked": "out of vocabulary",
-             "stock": "out of vocabulary"
-         }),
+    Case.refused_by_both({"prompt": [VOCAB_SIZE]}, "out of vocabulary"),
 }
 
 

@@ -50,22 +50,33 @@ def server_metric(server, name: str) -> float:
     return metric(base, name, model)
 
 
-def served_and_offline(server, hooked_llm, plans, hook_ids):
-    """The same greedy program as a served completion and offline."""
+def greedy(server, **fields) -> dict:
+    """A greedy completion of PROMPT, 40 tokens at most, with ``fields``."""
     _, model, _ = server
-    served = client(server).completions.create(
-        model=model,
-        prompt=PROMPT,
-        max_tokens=40,
-        temperature=0.0,
-        extra_body=scripted_request_body(plans, hook_ids))
+    return dict(model=model,
+                prompt=PROMPT,
+                max_tokens=40,
+                temperature=0.0,
+                **fields)
+
+
+def offline_greedy(hooked_llm, plans, hook_ids, **params):
+    """The same greedy program run offline, with sampling ``params``."""
     [offline] = hooked_llm.generate(
         [PROMPT],
         SamplingParams(temperature=0.0,
                        max_tokens=40,
-                       logits_processors=[scripted(plans, hook_ids)]),
+                       logits_processors=[scripted(plans, hook_ids)],
+                       **params),
         use_tqdm=False)
-    return served, offline
+    return offline
+
+
+def served_and_offline(server, hooked_llm, plans, hook_ids):
+    """The same greedy program as a served completion and offline."""
+    served = client(server).completions.create(
+        **greedy(server, extra_body=scripted_request_body(plans, hook_ids)))
+    return served, offline_greedy(hooked_llm, plans, hook_ids)
 
 
 def test_completion_carries_the_merged_children(server, hooked_llm, hook_ids):
@@ -82,12 +93,7 @@ def test_completion_carries_the_merged_children(server, hooked_llm, hook_ids):
 
 def test_streamed_completion_delivers_the_parents_deltas(server, hook_ids):
     plans = two_children(hook_ids)
-    _, model, _ = server
-    kwargs = dict(model=model,
-                  prompt=PROMPT,
-                  max_tokens=40,
-                  temperature=0.0,
-                  extra_body=scripted_request_body(plans, hook_ids))
+    kwargs = greedy(server, extra_body=scripted_request_body(plans, hook_ids))
     whole = client(server).completions.create(**kwargs).choices[0].text
     chunks = list(client(server).completions.create(stream=True, **kwargs))
     texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
@@ -251,19 +257,8 @@ def assert_same_tree(served: dict, expected: dict) -> None:
 def test_promise_tree_over_the_api(server, hooked_llm, hook_ids):
     plans = two_children(hook_ids)
     base, model, _ = server
-    body = dict(model=model,
-                prompt=PROMPT,
-                max_tokens=40,
-                temperature=0.0,
-                logprobs=1,
-                **scripted_request_body(plans, hook_ids))
-    [offline] = hooked_llm.generate(
-        [PROMPT],
-        SamplingParams(temperature=0.0,
-                       max_tokens=40,
-                       logprobs=1,
-                       logits_processors=[scripted(plans, hook_ids)]),
-        use_tqdm=False)
+    body = greedy(server, logprobs=1, **scripted_request_body(plans, hook_ids))
+    offline = offline_greedy(hooked_llm, plans, hook_ids, logprobs=1)
     expected = offline.promise_tree.to_dict()
     assert len(expected["children"]) == 2
 
