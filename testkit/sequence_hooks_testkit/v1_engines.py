@@ -109,6 +109,28 @@ def computed_tokens(scheduler: Any) -> Iterator[list[tuple[str, int]]]:
         del scheduler.schedule
 
 
+def preempted_requests(scheduler: Any, monkeypatch) -> list[str]:
+    """Records each request ``scheduler`` preempts until ``monkeypatch``
+    undoes it.
+
+    Args:
+        scheduler: A V1 scheduler (`scheduler_of`, or one made model-free).
+        monkeypatch: The test's `pytest.MonkeyPatch`.
+
+    Returns:
+        The record, growing as they are preempted: their ids, in order.
+    """
+    preempted: list[str] = []
+    preempt = scheduler._preempt_request
+
+    def recorded(request, *args, **kwargs):
+        preempted.append(request.request_id)
+        return preempt(request, *args, **kwargs)
+
+    monkeypatch.setattr(scheduler, "_preempt_request", recorded)
+    return preempted
+
+
 def run_to_the_end(engine,
                    max_steps: int,
                    before_step: Callable[[], None] = lambda: None):

@@ -5,11 +5,12 @@ process and reports as JSON (the V1 twin of `run_programs`).
 
 For configurations that need a process of their own, tensor and pipeline
 parallelism on V1's multiproc executor, the tests run this module in a
-subprocess (`report_of`): each named program against the hook-free
-reference on the same engine (`conformance.check_program`), then the
-engine core must be clean. Prints one line `REPORT {...}`: per program
-"ok" or the failure, and under "_engine" the parallel configuration, the
-batches the engine core keeps in flight and whether it was left clean.
+subprocess (`report_of`; `assert_programs_match` checks its report):
+each named program against the hook-free reference on the same engine
+(`conformance.check_program`), then the engine core must be clean.
+Prints one line `REPORT {...}`: per program "ok" or the failure, and
+under "_engine" the parallel configuration, the batches the engine core
+keeps in flight and whether it was left clean.
 
 With pipeline parallelism the model is compiled (not eager): on the CPU,
 vLLM 0.32's model runner allocates the buffers a later pipeline stage
@@ -57,6 +58,18 @@ def report_of(model_path: Path, *args: str,
     assert result.returncode == 0 and lines, result.stderr[-3000:]
     report = json.loads(lines[-1][len(REPORT):])
     return report.pop("_engine"), report
+
+
+def assert_programs_match(model_path: Path, *args: str, timeout_s: float,
+                          **engine) -> None:
+    """Asserts that every conformance program run by this module (options
+    ``args``, `report_of`) matched the hook-free reference, on the engine
+    ``engine`` describes (parallel sizes, batches in flight), with the
+    multiproc executor, and that the engine core was left clean."""
+    from sequence_hooks_testkit.conformance import PROGRAM_NAMES
+    found, report = report_of(model_path, *args, timeout_s=timeout_s)
+    assert found == {**engine, "executor": "mp", "clean": "yes"}
+    assert report == dict.fromkeys(PROGRAM_NAMES, "ok")
 
 
 def main() -> None:

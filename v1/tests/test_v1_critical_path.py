@@ -22,6 +22,7 @@ from sequence_hooks_testkit.priority_case import (ADMITTED, ARRIVALS, CHILD,
 from sequence_hooks_testkit.v1_batch_queue import (FILLER, BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
+from sequence_hooks_testkit.v1_engines import preempted_requests
 
 PLAIN_LEN = 30
 
@@ -45,15 +46,23 @@ def sampler(hook_ids):
     return sample
 
 
+def hooked_scheduler(model_path, ids, hook_options: dict,
+                     **scheduler_options) -> SequenceHookScheduler:
+    """A model-free `SequenceHookScheduler` (no async scheduling) hooked on
+    ``ids`` with the further `SpecialKwargs` fields ``hook_options``;
+    ``scheduler_options`` as `make_scheduler` takes them."""
+    return make_scheduler(SequenceHookScheduler, model_path, False, {
+        "sync_token_id": ids.sync,
+        "promise_token_id": ids.promise,
+        **hook_options
+    }, **scheduler_options)
+
+
 def finish_order(tiny_model_path, hook_ids, critical_path_first: bool):
-    scheduler = make_scheduler(SequenceHookScheduler,
-                               tiny_model_path,
-                               False, {
-                                   "sync_token_id": hook_ids.sync,
-                                   "promise_token_id": hook_ids.promise,
-                                   "critical_path_first": critical_path_first
-                               },
-                               max_num_seqs=2)
+    scheduler = hooked_scheduler(tiny_model_path,
+                                 hook_ids,
+                                 {"critical_path_first": critical_path_first},
+                                 max_num_seqs=2)
     driver = BatchQueueDriver(scheduler, sampler(hook_ids), depth=1)
     for request_id in ["tree", "new-0", "new-1", "new-2", "new-3"]:
         driver.add(
@@ -83,14 +92,9 @@ def test_a_passed_over_request_is_overdue_after_the_bound(
         tiny_model_path, hook_ids):
     """The starvation bound: a new request passed over `bound` times ranks
     with critical-path work, by arrival."""
-    scheduler = make_scheduler(SequenceHookScheduler,
-                               tiny_model_path,
-                               False, {
-                                   "sync_token_id": hook_ids.sync,
-                                   "promise_token_id": hook_ids.promise,
-                                   "max_steps_passed_over": 2
-                               },
-                               max_num_seqs=1)
+    scheduler = hooked_scheduler(tiny_model_path,
+                                 hook_ids, {"max_steps_passed_over": 2},
+                                 max_num_seqs=1)
     driver = BatchQueueDriver(scheduler, sampler(hook_ids), depth=1)
     driver.add(
         make_request(scheduler, "tree", [FILLER + 1] * 8, 64, hook_ids.eos))
@@ -134,22 +138,11 @@ def test_critical_path_work_is_preempted_last(tiny_model_path, hook_ids,
     """A pool too small for the tree's child and three new requests: the
     scheduler preempts from the back of its running list, which the order
     puts the child at the front of (it was admitted last)."""
-    scheduler = make_scheduler(SequenceHookScheduler,
-                               tiny_model_path,
-                               False, {
-                                   "sync_token_id": hook_ids.sync,
-                                   "promise_token_id": hook_ids.promise,
-                               },
-                               num_blocks=12,
-                               max_num_seqs=4)
-    preempted = []
-    preempt = scheduler._preempt_request
-
-    def recording(request, *args, **kwargs):
-        preempted.append(request.request_id)
-        return preempt(request, *args, **kwargs)
-
-    monkeypatch.setattr(scheduler, "_preempt_request", recording)
+    scheduler = hooked_scheduler(tiny_model_path,
+                                 hook_ids, {},
+                                 num_blocks=12,
+                                 max_num_seqs=4)
+    preempted = preempted_requests(scheduler, monkeypatch)
 
     def sample(request_id: str, position: int) -> int:
         if request_id == "tree":
@@ -225,15 +218,11 @@ def priority_case_arrived(model_path, ids, promises: bool, **hook_options):
     Returns:
         The scheduler and its driver.
     """
-    scheduler = make_scheduler(SequenceHookScheduler,
-                               model_path,
-                               False, {
-                                   "sync_token_id": ids.sync,
-                                   "promise_token_id": ids.promise,
-                                   **hook_options
-                               },
-                               max_num_seqs=2,
-                               policy="priority")
+    scheduler = hooked_scheduler(model_path,
+                                 ids,
+                                 hook_options,
+                                 max_num_seqs=2,
+                                 policy="priority")
 
     def sample(request_id: str, position: int) -> int:
         if promises and request_id == "parent":

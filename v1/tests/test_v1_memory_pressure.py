@@ -21,9 +21,10 @@ from vllm_sequence_hooks import promise_tree
 from sequence_hooks_testkit.conformance import assert_fuzz_outcome, hook_odds
 from sequence_hooks_testkit.programs import NONE
 from sequence_hooks_testkit.v1_engines import (assert_engine_clean,
-                                               computed_tokens, run_to_the_end,
-                                               scheduler_of, scripted_params,
-                                               v1_llm)
+                                               computed_tokens,
+                                               preempted_requests,
+                                               run_to_the_end, scheduler_of,
+                                               scripted_params, v1_llm)
 from sequence_hooks_testkit.v1_scripted_logits import POLICY_KEY
 from vllm import SamplingParams
 from vllm.v1.engine import EngineCoreEventType
@@ -78,37 +79,31 @@ def roomy_results(hooked_llm, hook_ids):
         return run_trees(hooked_llm, hook_ids, patch)
 
 
-@pytest.fixture(scope="module")
-def tight_llm(tiny_model_path, hook_ids):
-    # 12 blocks: 11 usable (one is the pool's null block).
+def llm_with_blocks(tiny_model_path, hook_ids, num_blocks: int):
+    """A hooked engine whose KV pool has ``num_blocks`` blocks of
+    `BLOCK_SIZE` tokens, one of them the pool's null block."""
     return v1_llm(tiny_model_path,
                   hook_ids,
                   block_size=BLOCK_SIZE,
-                  num_gpu_blocks_override=12,
+                  num_gpu_blocks_override=num_blocks,
                   max_model_len=128)
+
+
+@pytest.fixture(scope="module")
+def tight_llm(tiny_model_path, hook_ids):
+    # 11 usable blocks.
+    return llm_with_blocks(tiny_model_path, hook_ids, 12)
 
 
 @pytest.fixture(scope="module")
 def tighter_llm(tiny_model_path, hook_ids):
     # 7 usable blocks: the parked parents alone fill them.
-    return v1_llm(tiny_model_path,
-                  hook_ids,
-                  block_size=BLOCK_SIZE,
-                  num_gpu_blocks_override=8,
-                  max_model_len=128)
+    return llm_with_blocks(tiny_model_path, hook_ids, 8)
 
 
 def test_trees_finish_under_preemption_and_free_every_block(
         tight_llm, hook_ids, roomy_results, monkeypatch):
-    scheduler = scheduler_of(tight_llm)
-    preempted = []
-    preempt = scheduler._preempt_request
-
-    def counted(request, *args, **kwargs):
-        preempted.append(request.request_id)
-        return preempt(request, *args, **kwargs)
-
-    monkeypatch.setattr(scheduler, "_preempt_request", counted)
+    preempted = preempted_requests(scheduler_of(tight_llm), monkeypatch)
     assert run_trees(tight_llm, hook_ids, monkeypatch) == roomy_results
     assert preempted, "the pool was not tight: nothing was preempted"
 
@@ -173,13 +168,7 @@ def test_childrens_preemptions_go_out_with_their_roots(tight_llm, hook_ids,
     # them from); the events are what the frontend counts.
     monkeypatch.setattr(scheduler, "log_stats", True)
     monkeypatch.setattr(scheduler, "make_stats", lambda *args, **kwargs: None)
-    preempted = []
-    preempt = scheduler._preempt_request
-
-    def counted(request, *args, **kwargs):
-        preempted.append(request.request_id)
-        return preempt(request, *args, **kwargs)
-
+    preempted = preempted_requests(scheduler, monkeypatch)
     sent = collections.Counter()
     update = scheduler.update_from_output
 
@@ -192,7 +181,6 @@ def test_childrens_preemptions_go_out_with_their_roots(tight_llm, hook_ids,
                     for event in out.events or ())
         return outputs
 
-    monkeypatch.setattr(scheduler, "_preempt_request", counted)
     monkeypatch.setattr(scheduler, "update_from_output", recorded_update)
     [output] = tight_llm.generate(["the cat sees"],
                                   scripted_params(wide_plans(hook_ids, 6, 90),

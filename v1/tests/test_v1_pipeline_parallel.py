@@ -20,11 +20,10 @@ only Model Runner V2 runs under pipeline parallelism).
 import pytest
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
-from sequence_hooks_testkit.conformance import PROGRAM_NAMES
 from sequence_hooks_testkit.v1_batch_queue import (FILLER, BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
-from sequence_hooks_testkit.v1_run_programs import report_of
+from sequence_hooks_testkit.v1_run_programs import assert_programs_match
 from vllm.config import ParallelConfig
 
 PROMPT_LEN = 20
@@ -32,19 +31,15 @@ PROMPT_LEN = 20
 
 def test_programs_match_the_reference_with_two_pipeline_stages(
         tiny_model_path):
-    engine, report = report_of(tiny_model_path,
-                               "--pipeline-parallel-size",
-                               "2",
-                               timeout_s=1200)
-    assert engine == {
-        "tensor_parallel_size": 1,
-        "pipeline_parallel_size": 2,
-        "executor": "mp",
+    assert_programs_match(
+        tiny_model_path,
+        "--pipeline-parallel-size",
+        "2",
+        timeout_s=1200,
+        tensor_parallel_size=1,
+        pipeline_parallel_size=2,
         # The engine core's batch queue: one batch per stage.
-        "batches_in_flight": 2,
-        "clean": "yes"
-    }
-    assert report == dict.fromkeys(PROGRAM_NAMES, "ok")
+        batches_in_flight=2)
 
 
 def tree_sampler(hook_ids):
