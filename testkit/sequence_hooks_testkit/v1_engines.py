@@ -168,7 +168,8 @@ def assert_engine_clean(llm):
         for k, r in scheduler.requests.items()
     }
     assert scheduler.hooks.coordinator.num_members() == 0
-    assert scheduler.pending_forks == {} and scheduler.evicted == set()
+    assert scheduler.parking.pending_forks == {}
+    assert scheduler.parking.evicted == set()
     assert scheduler.hooks.child_logprobs == {}
     assert len(scheduler.hooks.sample_trees) == 0
     assert len(scheduler.hooks.child_preemptions) == 0

@@ -119,7 +119,7 @@ def test_parked_parents_are_evicted_and_recompute_at_resume(
     def recorded_resume(action, *args, **kwargs):
         member_id = action.member_id
         request = scheduler.requests[member_id]
-        evicted = member_id in scheduler.evicted
+        evicted = member_id in scheduler.parking.evicted
         num_computed = request.num_computed_tokens
         resume(action, *args, **kwargs)
         if evicted:
@@ -229,7 +229,7 @@ def run_seeded_parents(llm, hook_ids, names,
     engine = llm.llm_engine
     scheduler = scheduler_of(llm)
     evicted = set()
-    evict = scheduler.evict
+    evict = scheduler.parking.evict
 
     def recorded_evict(request):
         evicted.add(request.request_id.rsplit("-", 1)[0])
@@ -242,7 +242,7 @@ def run_seeded_parents(llm, hook_ids, names,
                            params)
     results = {}
     with monkeypatch.context() as patch:
-        patch.setattr(scheduler, "evict", recorded_evict)
+        patch.setattr(scheduler.parking, "evict", recorded_evict)
         while engine.has_unfinished_requests():
             results.update({
                 out.request_id:

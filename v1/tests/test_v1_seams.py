@@ -27,7 +27,8 @@ import vllm_sequence_hooks
 from vllm_sequence_hooks import releases, seams, tripwires
 from vllm_sequence_hooks.releases import (RELEASES, VENDORED, Release,
                                           Release033)
-from vllm_sequence_hooks.scheduler import SequenceHookScheduler
+from vllm_sequence_hooks.scheduler import (AsyncSequenceHookScheduler,
+                                           SequenceHookScheduler)
 from vllm_sequence_hooks.seams import (SEAMS, SUPPORTED_VLLM_VERSIONS,
                                        UnsupportedVllmVersion,
                                        check_vllm_version)
@@ -47,17 +48,32 @@ _REQUEST = "vllm.v1.request:Request"
 _OUTPUT = "vllm.v1.engine:EngineCoreOutput"
 _PARAMS = "vllm.sampling_params:SamplingParams"
 _DETOKENIZER = "vllm.v1.engine.detokenizer:BaseIncrementalDetokenizer"
+_MANAGER = "vllm.v1.core.kv_cache_manager:KVCacheManager"
+_QUEUE = "vllm.v1.core.sched.request_queue:RequestQueue"
 _SCHEDULER_RECEIVERS = {
     "self": _SCHED,
     "super()": _SCHED,
-    "self.kv_cache_manager": "vllm.v1.core.kv_cache_manager:KVCacheManager",
-    "self.waiting": "vllm.v1.core.sched.request_queue:RequestQueue",
+    "self.kv_cache_manager": _MANAGER,
+    "self.waiting": _QUEUE,
 }
+# The expressions that are the plugin's scheduler, in its modules.
+_SCHEDULERS = ("self", "super()", "self.scheduler", "scheduler")
 # Per plugin module: the expressions whose attributes it reaches, and the
 # upstream class each is an instance of.
 RECEIVERS = {
     "scheduler.py": {
         **_SCHEDULER_RECEIVERS,
+        "scheduler": _SCHED,
+        "request": _REQUEST,
+        "vllm_config": "vllm.config:VllmConfig",
+        "vllm_config.model_config": "vllm.config:ModelConfig",
+        "vllm_config.scheduler_config": "vllm.config:SchedulerConfig",
+        # A waiting queue the order puts in place (FCFS: a deque).
+        "queue": "vllm.v1.core.sched.request_queue:FCFSRequestQueue",
+    },
+    "hooks.py": {
+        "self.scheduler": _SCHED,
+        "scheduler": _SCHED,
         "request": _REQUEST,
         "parent": _REQUEST,
         "request.sampling_params": _PARAMS,
@@ -65,14 +81,15 @@ RECEIVERS = {
         "out": _OUTPUT,
         "outputs": "vllm.v1.engine:EngineCoreOutputs",
         "check": _DETOKENIZER,
-        "vllm_config": "vllm.config:VllmConfig",
-        "vllm_config.model_config": "vllm.config:ModelConfig",
-        "vllm_config.scheduler_config": "vllm.config:SchedulerConfig",
-        # A waiting queue the order puts in place (FCFS: a deque).
-        "queue": "vllm.v1.core.sched.request_queue:FCFSRequestQueue",
     },
     "parking.py": {
-        **_SCHEDULER_RECEIVERS,
+        "self.scheduler": _SCHED,
+        "scheduler": _SCHED,
+        "self.scheduler.kv_cache_manager": _MANAGER,
+        "scheduler.kv_cache_manager": _MANAGER,
+        "manager": _MANAGER,
+        "self.scheduler.waiting": _QUEUE,
+        "scheduler.waiting": _QUEUE,
         "request": _REQUEST,
         "parent": _REQUEST,
         "candidate": _REQUEST,
@@ -115,7 +132,6 @@ RECEIVERS = {
 }
 # The plugin's scheduler classes, by module.
 HOOK_CLASSES = {
-    "parking.py": ("ParkingScheduler", ),
     "scheduler.py": ("SequenceHookScheduler", "AsyncSequenceHookScheduler"),
 }
 
@@ -439,7 +455,7 @@ def test_the_plugin_reaches_only_recorded_members(module):
         receiver = ast.unparse(node.value)
         if receiver not in receivers:
             continue
-        if receiver in ("self", "super()") and node.attr in own - {
+        if receiver in _SCHEDULERS and node.attr in own - {
                 seam_name
                 for seam in SEAMS if seam.member.startswith(_SCHED)
                 for seam_name in tripwires.split_member(seam.member)[2]
@@ -475,6 +491,37 @@ def test_no_hook_member_shadows_an_upstream_one_by_accident():
     shadowed = (_hook_names() & upstream) - overrides
     assert not shadowed, (f"the hooks define {sorted(shadowed)}, which "
                           "upstream's Scheduler has too")
+
+
+def test_no_override_narrows_upstreams_signature():
+    """Every method of the plugin's schedulers that upstream's has too
+    takes every call upstream's takes (it may pass extra arguments on):
+    no override stands for another method under the same name."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+    narrowed = []
+    for cls in (SequenceHookScheduler, AsyncSequenceHookScheduler):
+        for name, ours in vars(cls).items():
+            theirs = getattr(
+                AsyncScheduler if cls is AsyncSequenceHookScheduler else
+                Scheduler, name, None)
+            if not (inspect.isfunction(ours) and inspect.isfunction(theirs)):
+                continue
+            params = list(inspect.signature(theirs).parameters.values())
+            positional = [
+                param.name for param in params
+                if param.kind in (param.POSITIONAL_ONLY,
+                                  param.POSITIONAL_OR_KEYWORD)
+            ]
+            keywords = {
+                param.name: None
+                for param in params if param.kind == param.KEYWORD_ONLY
+            }
+            try:
+                inspect.signature(ours).bind(*positional, **keywords)
+            except TypeError as error:
+                narrowed.append(f"{cls.__name__}.{name}: {error}")
+    assert not narrowed, "\n".join(narrowed)
 
 
 def test_docs_show_the_table():

@@ -6,7 +6,7 @@
 events and carries out the actions the engine-neutral `PromiseCoordinator`
 (`sequence_hooks.lifecycle`) returns for them, on V1 requests: a fork is
 a new request sharing its parent's KV blocks, a park and a resume are a
-streaming-input session's (`parking`), merged tokens and a finished
+streaming-input session's (`parking.KvParking`), merged tokens and a finished
 root's tree travel in the root's output (`transport`). It is held by the
 scheduler (`scheduler.SequenceHookScheduler`), which calls it after
 upstream's `update_from_output`; every step's context (its outputs) is a
@@ -175,7 +175,7 @@ class SequenceHooks:
             if (self.coordinator.is_member(request_id)
                     and not self.coordinator.is_child(request_id)):
                 self._carry_out(self.coordinator.aborted(request_id), None)
-                self.scheduler.forget_kv_state(request_id)
+                self.scheduler.parking.forget(request_id)
 
     def added(self, request_id: str) -> None:
         """A new request: notes the samples of `n > 1` requests."""
@@ -242,7 +242,7 @@ class SequenceHooks:
         request_id = request.request_id
         start = self.coordinator.own_start(request_id)
         self.stop_strings.forget(request_id)
-        self.scheduler.forget_kv_state(request_id)
+        self.scheduler.parking.forget(request_id)
         if text is None:
             text = frontend_text(self.tokenizer, request, start)
         if token_ids is None:
@@ -345,12 +345,11 @@ class SequenceHooks:
             self.child_logprobs[child.request_id] = []
         if child.stop:
             self.stop_strings.watch(request, len(context))
-        scheduler.queue_fork(request,
-                             parent,
-                             first=self.special_kwargs.critical_path_first)
+        scheduler.parking.queue_fork(
+            request, parent, first=self.special_kwargs.critical_path_first)
 
     def _park(self, action: Park, step: Optional[_Step]) -> None:
-        self.scheduler.park(self.scheduler.requests[action.member_id])
+        self.scheduler.parking.park(self.scheduler.requests[action.member_id])
 
     def resume(self, resume: Resume, step: Optional[_Step]) -> None:
         """Appends a member's merged tokens as its session's next chunk.
@@ -363,7 +362,7 @@ class SequenceHooks:
         request = scheduler.requests[member_id]
         if request.status == RequestStatus.RUNNING:
             # Only a parked session takes its next chunk.
-            scheduler.park(request)
+            scheduler.parking.park(request)
         token_ids = list(resume.token_ids)
         if member_id in self.child_logprobs:
             self.child_logprobs[member_id] += [None] * len(token_ids)
@@ -378,15 +377,15 @@ class SequenceHooks:
         # KV and drops the uncomputed sampled token, given back here. The
         # model runner keeps the request's generator: a seeded parent goes
         # on with its own stream, replaying nothing.
-        scheduler.release.update_request_as_session(
+        scheduler.parking.release.update_request_as_session(
             scheduler, request,
             StreamingUpdate(mm_features=None,
                             prompt_token_ids=sync_token + token_ids,
                             max_tokens=max_tokens,
                             arrival_time=request.arrival_time,
                             sampling_params=params))
-        if member_id in scheduler.evicted:
-            scheduler.requeue_evicted(request)
+        if member_id in scheduler.parking.evicted:
+            scheduler.parking.requeue_evicted(request)
         if token_ids and not self.coordinator.is_child(member_id):
             # The root's stream shows its merged tokens; a child's never
             # leave the engine core.
@@ -401,7 +400,7 @@ class SequenceHooks:
         for member_id in action.member_ids:
             self.child_logprobs.pop(member_id, None)
             self.stop_strings.forget(member_id)
-            self.scheduler.forget_kv_state(member_id)
+            self.scheduler.parking.forget(member_id)
         self.end_requests(list(action.member_ids),
                           RequestStatus.FINISHED_ABORTED)
 

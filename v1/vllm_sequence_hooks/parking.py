@@ -18,28 +18,29 @@ its eviction under pressure.
   the prefix cache gives back), so a full cache never deadlocks.
 """
 
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 from vllm_sequence_hooks.releases import for_installed
 
+from sequence_hooks.lifecycle import PromiseCoordinator
 from sequence_hooks.ordering import eviction_order
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.request_queue import RequestQueue
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
-if TYPE_CHECKING:
-    from vllm_sequence_hooks.hooks import SequenceHooks
 
+class KvParking:
+    """The hooks' KV mechanics on one V1 scheduler, which holds it.
 
-class ParkingScheduler(Scheduler):
-    """The stock V1 scheduler plus the hooks' KV mechanics (a mixin of
-    `SequenceHookScheduler`, which sets `hooks`)."""
+    Args:
+        scheduler: The `SequenceHookScheduler`.
+        coordinator: Its hooks' coordinator (which members are parked).
+    """
 
-    hooks: "SequenceHooks"
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, scheduler: Any,
+                 coordinator: PromiseCoordinator) -> None:
+        self.scheduler = scheduler
+        self.coordinator = coordinator
         # What differs on the installed vLLM release.
         self.release = for_installed()
         # Children not yet admitted: their parent and the parent's tokens
@@ -49,21 +50,15 @@ class ParkingScheduler(Scheduler):
         # recompute their context when they resume.
         self.evicted: set[str] = set()
 
-    def schedule(self, *args, **kwargs):
-        """Schedules as upstream, parked parents not counted as running.
+    def num_parked(self) -> int:
+        """Parked parents: upstream counts them as streaming sessions
+        against `max_num_seqs`, which the scheduler undoes for its step.
 
-        Upstream counts parked streaming sessions against `max_num_seqs`;
-        a parked parent holds no row of the model runner's batch (it drops
+        A parked parent holds no row of the model runner's batch (it drops
         unscheduled requests from it), and counting it could leave its own
         children waiting forever once parents fill the limit.
         """
-        self._evict_parked_parents_if_stalled()
-        parked = self.hooks.coordinator.num_parked()
-        self.num_waiting_for_streaming_input -= parked
-        try:
-            return super().schedule(*args, **kwargs)
-        finally:
-            self.num_waiting_for_streaming_input += parked
+        return self.coordinator.num_parked()
 
     def park(self, request: Request) -> None:
         """Parks a running request as a streaming session between chunks.
@@ -76,7 +71,8 @@ class ParkingScheduler(Scheduler):
         Without async scheduling nothing is in flight and this changes
         nothing.
         """
-        self.running.remove(request)
+        scheduler = self.scheduler
+        scheduler.running.remove(request)
         request.num_computed_tokens -= request.num_output_placeholders
         request.num_output_placeholders = 0
         request.spec_token_ids = []
@@ -84,8 +80,8 @@ class ParkingScheduler(Scheduler):
             request.drop_stale_output = True
             request.num_stale_output_tokens = request.num_in_flight_tokens
         request.status = RequestStatus.WAITING_FOR_STREAMING_REQ
-        self.num_waiting_for_streaming_input += 1
-        self._enqueue_waiting_request(request)
+        scheduler.num_waiting_for_streaming_input += 1
+        scheduler._enqueue_waiting_request(request)
 
     def queue_fork(self, child: Request, parent: Request, first: bool) -> None:
         """Queues a new child; its prefix hit is ``parent``'s computed
@@ -98,14 +94,15 @@ class ParkingScheduler(Scheduler):
             first: Whether it goes ahead of new requests (it continues
                 work already admitted), else where a new request goes.
         """
+        scheduler = self.scheduler
         self.pending_forks[child.request_id] = (parent.request_id,
                                                 parent.num_computed_tokens -
                                                 parent.num_output_placeholders)
-        self.requests[child.request_id] = child
+        scheduler.requests[child.request_id] = child
         if first:
-            self.waiting.prepend_request(child)
+            scheduler.waiting.prepend_request(child)
         else:
-            self.waiting.add_request(child)
+            scheduler.waiting.add_request(child)
 
     def requeue_evicted(self, request: Request) -> None:
         """A resumed parent that was evicted has no KV left: its resume is
@@ -113,21 +110,22 @@ class ParkingScheduler(Scheduler):
         queued as one."""
         self.evicted.discard(request.request_id)
         request.num_computed_tokens = 0
-        self.release.kv_holding_queue(self).remove_request(request)
-        self.waiting.prepend_request(request)
+        self.release.kv_holding_queue(self.scheduler).remove_request(request)
+        self.scheduler.waiting.prepend_request(request)
 
     def waiting_queues(self) -> tuple[RequestQueue, RequestQueue]:
         """The queues upstream admits from, in its order: the waiting
         requests that hold KV blocks (parked and resumed parents), then
         the others."""
-        return self.release.kv_holding_queue(self), self.waiting
+        return self.release.kv_holding_queue(
+            self.scheduler), self.scheduler.waiting
 
-    def forget_kv_state(self, request_id: str) -> None:
+    def forget(self, request_id: str) -> None:
         """Drops a finished or aborted member's KV bookkeeping."""
         self.pending_forks.pop(request_id, None)
         self.evicted.discard(request_id)
 
-    def _evict_parked_parents_if_stalled(self) -> None:
+    def evict_if_stalled(self) -> None:
         """Frees parked parents' blocks while they alone block the queue.
 
         With nothing running, the next request to admit waits only for
@@ -137,7 +135,8 @@ class ParkingScheduler(Scheduler):
         (`sequence_hooks.ordering.eviction_order`: the newest first, the
         request's own ancestors last, their blocks being its prefix hit).
         """
-        if self.running:
+        scheduler = self.scheduler
+        if scheduler.running:
             return
         admissible = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
         candidate = next(
@@ -145,32 +144,64 @@ class ParkingScheduler(Scheduler):
              for request in queue if request.status in admissible), None)
         if candidate is None:
             return
-        pool = self.kv_cache_manager.block_pool
+        pool = scheduler.kv_cache_manager.block_pool
         for request_id in eviction_order(
-                self.hooks.coordinator.parked_members(), self.evicted,
-                self.hooks.coordinator.ancestors(candidate.request_id)):
+                self.coordinator.parked_members(), self.evicted,
+                self.coordinator.ancestors(candidate.request_id)):
             if pool.get_num_free_blocks() >= self._blocks_to_admit(candidate):
                 return
-            self.evict(self.requests[request_id])
+            self.evict(scheduler.requests[request_id])
 
     def evict(self, request: Request) -> None:
         """Frees a parked parent's KV blocks; its tokens stay, and its
         resume recomputes them (less what the prefix cache gives back)."""
-        self.kv_cache_manager.free(request)
+        self.scheduler.kv_cache_manager.free(request)
         self.evicted.add(request.request_id)
+
+    def prefix_hit(self, request: Request, *args) -> Optional[tuple]:
+        """A new child's prefix-cache hit: its parent's computed context.
+
+        Args:
+            request: The request upstream looks up.
+            *args: What else upstream passes: vLLM 0.33 adds
+                `max_cache_hit_length` (a cap an auxiliary output connector
+                sets, None without one), which a child's hit keeps to too.
+
+        Returns:
+            Upstream's tuple (the hit blocks, the tokens they hold, the
+            shared-prefix boundary and whether the hit diverged); None if
+            ``request`` is no new child (upstream's lookup answers).
+        """
+        if request.request_id not in self.pending_forks:
+            return None
+        manager = self.scheduler.kv_cache_manager
+        fork = self._forked_from(request.request_id)
+        del self.pending_forks[request.request_id]
+        if fork is None:
+            # The parent lost its blocks (preempted): compute everything.
+            return manager.empty_kv_cache_blocks, 0, 0, False
+        parent, num_shared = fork
+        shared = min(num_shared, parent.num_computed_tokens)
+        if args and args[0] is not None:
+            shared = min(shared, args[0])
+        blocks = manager.get_blocks(parent.request_id).blocks
+        num_blocks = cdiv(shared, self.scheduler.block_size)
+        hit = manager.create_kv_cache_blocks(
+            tuple(list(group[:num_blocks]) for group in blocks))
+        return hit, shared, 0, False
 
     def _blocks_to_admit(self, request: Request) -> int:
         """New blocks a waiting request needs for its next token: less
         those it holds (a resumed parent), or the full blocks it shares
         with a parent still holding them (a new child)."""
-        needed = cdiv(request.num_tokens + 1, self.block_size)
+        block_size = self.scheduler.block_size
+        needed = cdiv(request.num_tokens + 1, block_size)
         if self._has_blocks(request):
-            return needed - cdiv(request.num_computed_tokens, self.block_size)
+            return needed - cdiv(request.num_computed_tokens, block_size)
         parent = self._forked_from(request.request_id)
         if parent is not None:
             parent, num_shared = parent
-            needed -= min(num_shared,
-                          parent.num_computed_tokens) // self.block_size
+            needed -= min(num_shared, parent.num_computed_tokens) // block_size
         return needed
 
     def _forked_from(self, request_id: str) -> Optional[tuple[Request, int]]:
@@ -179,7 +210,7 @@ class ParkingScheduler(Scheduler):
         fork = self.pending_forks.get(request_id)
         if fork is None:
             return None
-        parent = self.requests.get(fork[0])
+        parent = self.scheduler.requests.get(fork[0])
         if parent is None or not self._has_blocks(parent):
             return None
         return parent, fork[1]
@@ -189,33 +220,3 @@ class ParkingScheduler(Scheduler):
         count (its resume cuts its tokens there) but holds none."""
         return (self.release.holds_kv_blocks(request)
                 and request.request_id not in self.evicted)
-
-    def _get_local_prefix_cache_hit(self, request: Request, *args):
-        """A new child's hit is its parent's computed context.
-
-        Args:
-            request: The request upstream looks up.
-            *args: What else upstream passes: vLLM 0.33 adds
-                `max_cache_hit_length` (a cap an auxiliary output connector
-                sets, None without one), which a child's hit keeps to too.
-
-        Returns:
-            Upstream's tuple: the hit blocks, the tokens they hold, the
-            shared-prefix boundary and whether the hit diverged.
-        """
-        if request.request_id not in self.pending_forks:
-            return super()._get_local_prefix_cache_hit(request, *args)
-        fork = self._forked_from(request.request_id)
-        del self.pending_forks[request.request_id]
-        if fork is None:
-            # The parent lost its blocks (preempted): compute everything.
-            return self.kv_cache_manager.empty_kv_cache_blocks, 0, 0, False
-        parent, num_shared = fork
-        shared = min(num_shared, parent.num_computed_tokens)
-        if args and args[0] is not None:
-            shared = min(shared, args[0])
-        blocks = self.kv_cache_manager.get_blocks(parent.request_id).blocks
-        num_blocks = cdiv(shared, self.block_size)
-        hit = self.kv_cache_manager.create_kv_cache_blocks(
-            tuple(list(group[:num_blocks]) for group in blocks))
-        return hit, shared, 0, False

@@ -7,7 +7,8 @@ Selected with `scheduler_cls` (`--scheduler-cls`) and configured with
 overrides only what it must: its hooks (`hooks.SequenceHooks`, V1's side
 of the lifecycle) run after the stock `update_from_output` has appended
 and stop-checked the step's sampled tokens, and the KV mechanics of a
-fork, a park and an eviction are `parking`'s. See docs/v1.md.
+fork, a park and an eviction are `parking.KvParking`'s, which it holds
+too. See docs/v1.md.
 """
 
 from collections import deque
@@ -16,7 +17,7 @@ from typing import Any
 from vllm_sequence_hooks.config import (REQUEST_CHECK, names_request_check,
                                         refuse_unservable, special_kwargs_of)
 from vllm_sequence_hooks.hooks import SequenceHooks
-from vllm_sequence_hooks.parking import ParkingScheduler
+from vllm_sequence_hooks.parking import KvParking
 from vllm_sequence_hooks.seams import check_vllm_version
 
 from sequence_hooks.ordering import CriticalPathOrder, Queued
@@ -24,12 +25,13 @@ from vllm.config import VllmConfig
 from vllm.tokenizers import cached_tokenizer_from_config
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 
-class SequenceHookScheduler(ParkingScheduler):
+class SequenceHookScheduler(Scheduler):
     """V1 scheduler that runs promise/sync sequence hooks.
 
     - `<promise>` adds a child request whose prompt is the parent's whole
@@ -79,11 +81,21 @@ class SequenceHookScheduler(ParkingScheduler):
             vllm_config.model_config.served_model_name,
             # The ends the hooks decide skip this class's override.
             end_requests=super().finish_requests)
+        self.parking = KvParking(self, self.hooks.coordinator)
 
     def schedule(self, *args, **kwargs) -> SchedulerOutput:
+        """Schedules as upstream, critical-path work first, parked parents
+        not counted as running (`KvParking.num_parked`) and evicted when
+        they alone block the queue."""
         if self.hooks.order is not None:
             order_queues(self, self.hooks.order)
-        output = super().schedule(*args, **kwargs)
+        self.parking.evict_if_stalled()
+        parked = self.parking.num_parked()
+        self.num_waiting_for_streaming_input -= parked
+        try:
+            output = super().schedule(*args, **kwargs)
+        finally:
+            self.num_waiting_for_streaming_input += parked
         self.hooks.metrics.kv_cache_usage.set(self.kv_cache_manager.usage)
         return output
 
@@ -110,6 +122,14 @@ class SequenceHookScheduler(ParkingScheduler):
         self.hooks.finishing(
             list(self.requests if request_ids is None else request_ids))
         return super().finish_requests(request_ids, finished_status)
+
+    def _get_local_prefix_cache_hit(self, request: Request, *args):
+        """A new child's hit is its parent's computed context
+        (`KvParking.prefix_hit`); any other request's is upstream's."""
+        hit = self.parking.prefix_hit(request, *args)
+        if hit is None:
+            return super()._get_local_prefix_cache_hit(request, *args)
+        return hit
 
     def add_request(self, request: Request) -> None:
         """Adds as upstream; notes the samples of `n > 1` requests."""
@@ -148,7 +168,7 @@ def order_queues(scheduler: SequenceHookScheduler,
     if not order.begin_step(lambda: scheduler.requests):
         return
     scheduler.running[:] = order.running(scheduler.running, queued)
-    for queue in scheduler.waiting_queues():
+    for queue in scheduler.parking.waiting_queues():
         if isinstance(queue, deque):
             ordered = order.waiting(queue, queued)
             queue.clear()
