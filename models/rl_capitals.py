@@ -4,7 +4,7 @@
 pre-registered three-arm experiment of docs/rl.md.
 
 Starts from the fine-tuned SmolLM2 promise model (`./dev setup` prepares
-it) and trains it with `vllm_sequence_hooks.rl.PromiseTreeGRPOTrainer` on
+it) and trains it with `vllm_sequence_hooks_rl.PromiseTreeGRPOTrainer` on
 capitals tasks over the rewarded half of the countries its fine-tuning
 never saw (`rl_experiment`), each rollout a tree from the hooked V1
 engine colocated in this process (vLLM 0.31, the newest TRL 1.16
@@ -70,7 +70,7 @@ import transformers  # noqa: E402
 import trl  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
-from vllm_sequence_hooks.rl import PromiseTreeGRPOTrainer  # noqa: E402
+from vllm_sequence_hooks_rl import PromiseTreeGRPOTrainer  # noqa: E402
 
 import vllm  # noqa: E402
 from sequence_hooks_testkit.training import capitals_task as task  # noqa: E402

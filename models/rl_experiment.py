@@ -74,7 +74,7 @@ RAW_KEYS = ("commit", "code_dirty", "steps", "minutes", "settings", "log",
 CODE_FILES = ("models/rl_capitals.py", "models/rl_eval.py",
               "models/rl_experiment.py",
               "testkit/sequence_hooks_testkit/training/capitals_task.py",
-              "v1/vllm_sequence_hooks/rl.py")
+              "v1/rl/vllm_sequence_hooks_rl")
 
 
 def split_held_out() -> tuple[list[str], list[str]]:

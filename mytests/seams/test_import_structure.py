@@ -5,7 +5,8 @@ nothing imported by path.
 
 Parses (never imports) every module of ours: the fork's modules (`vllm/`,
 at their upstream paths), the engine-neutral package (`common/`), the V1
-plugin (`v1/vllm_sequence_hooks`), the test kit with its subpackages
+plugin (`v1/vllm_sequence_hooks`), the GRPO trainer over it
+(`v1/rl/vllm_sequence_hooks_rl`), the test kit with its subpackages
 (`testkit/`) and the scripts that import each other by name (`fork/`,
 `models/`, `models/research/`, `benchmarks/v0/`, `benchmarks/v1/`,
 `examples/`). Every import of one of them is an edge, wherever it stands:
@@ -14,8 +15,9 @@ deferred to dodge a cycle is still a cycle). Upstream vLLM's modules are
 not nodes, so only imports between ours count.
 
 The layers, from the ground up: the product (fork modules, `common/`, the
-plugin), the test kit, then the scripts (benchmarks, training, examples).
-An import runs from a layer to one below it or within it, never up.
+plugin), the trainer (its own distribution: serving never imports it),
+the test kit, then the scripts (benchmarks, training, examples). An
+import runs from a layer to one below it or within it, never up.
 """
 
 import ast
@@ -27,15 +29,16 @@ PACKAGES = {
     ROOT: "vllm",
     ROOT / "common": "sequence_hooks",
     ROOT / "v1": "vllm_sequence_hooks",
+    ROOT / "v1" / "rl": "vllm_sequence_hooks_rl",
     ROOT / "testkit": "sequence_hooks_testkit",
 }
 # Folders of scripts that import each other as top-level modules.
 SCRIPT_FOLDERS = (ROOT / "fork", ROOT / "models", ROOT / "models" / "research",
                   ROOT / "benchmarks" / "v0", ROOT / "benchmarks" / "v1",
                   ROOT / "examples")
-# The product's packages, then the test kit's: the layers below the scripts.
-PRODUCT = ("vllm", "sequence_hooks", "vllm_sequence_hooks")
-TEST_KIT = ("sequence_hooks_testkit", )
+# The layers below the scripts, from the ground up.
+LAYERS = (("vllm", "sequence_hooks", "vllm_sequence_hooks"),
+          ("vllm_sequence_hooks_rl", ), ("sequence_hooks_testkit", ))
 
 
 def our_modules() -> dict[str, Path]:
@@ -175,11 +178,13 @@ def test_no_import_cycle_among_our_modules():
 
 
 def layer(module: str) -> int:
-    """0 for the product, 1 for the test kit, 2 for the scripts."""
+    """0 for the product, 1 for the trainer, 2 for the test kit, 3 for
+    the scripts."""
     package = module.split(".")[0]
-    if package in PRODUCT:
-        return 0
-    return 1 if package in TEST_KIT else 2
+    return next(
+        (level
+         for level, packages in enumerate(LAYERS) if package in packages),
+        len(LAYERS))
 
 
 def test_imports_never_run_up_a_layer():

@@ -10,8 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig
-from vllm_sequence_hooks import rl
-from vllm_sequence_hooks.rl import PromiseTreeGRPOTrainer
+from vllm_sequence_hooks_rl import PromiseTreeGRPOTrainer, settings
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +74,7 @@ def test_a_reward_scaled_or_weighted_safely_is_accepted(
         model, tmp_path, changes):
     # The checks that run before TRL builds anything pass (the trainer's
     # construction would start an engine).
-    rl._check_config(model, config(tmp_path, **changes))
+    settings.check_config(model, config(tmp_path, **changes))
 
 
 def test_a_model_name_is_refused(real_model, tmp_path):
@@ -94,6 +93,6 @@ def test_small_spreads_are_counted_per_group():
         [0.80, 0.801, 0.80, 0.80],  # small
     ]
     rewards = torch.tensor(groups).flatten()
-    assert rl.small_spread_groups(rewards, 4) == 2
-    assert rl.small_spread_groups(rewards, 4, threshold=0.2) == 3
-    assert rl.small_spread_groups(rewards[:4], 4) == 0
+    assert settings.small_spread_groups(rewards, 4) == 2
+    assert settings.small_spread_groups(rewards, 4, threshold=0.2) == 3
+    assert settings.small_spread_groups(rewards[:4], 4) == 0

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Tripwires on the TRL members `vllm_sequence_hooks.rl` relies on: each
-must be the code it was written against (`rl.TRL_SEAMS`), and only a
+"""Tripwires on the TRL members `vllm_sequence_hooks_rl` relies on: each
+must be the code it was written against (`TRL_SEAMS`), and only a
 supported TRL release is accepted."""
 
 import hashlib
@@ -10,7 +10,7 @@ import inspect
 
 import pytest
 import trl
-from vllm_sequence_hooks.rl import (SUPPORTED_TRL_VERSIONS, TRL_SEAMS,
+from vllm_sequence_hooks_rl import (SUPPORTED_TRL_VERSIONS, TRL_SEAMS,
                                     PromiseTreeGRPOTrainer)
 
 
@@ -23,8 +23,9 @@ def test_each_trl_member_is_the_code_it_was_written_against(member):
     source = inspect.getsource(target)
     _, recorded = TRL_SEAMS[member]
     assert hashlib.sha256(source.encode()).hexdigest() == recorded, (
-        f"TRL changed {member}: check what rl.py relies on (the why in "
-        "rl.TRL_SEAMS) against the new code, then record its sha256")
+        f"TRL changed {member}: check what vllm_sequence_hooks_rl relies "
+        "on (the why in trl_seams.TRL_SEAMS) against the new code, then "
+        "record its sha256")
 
 
 def test_the_swapped_engine_name_is_trls_vllm_llm():

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""GRPO on promise trees (`vllm_sequence_hooks.rl`) with TRL 1.16 and the
+"""GRPO on promise trees (`vllm_sequence_hooks_rl`) with TRL 1.16 and the
 hooked V1 engine colocated in process, on the real promise model (fp32).
 
 One trainer for the module; the tests run in order, the last trains.
@@ -14,7 +14,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
-from vllm_sequence_hooks.rl import TREE_KEY, PromiseTreeGRPOTrainer
+from vllm_sequence_hooks_rl import TREE_KEY, PromiseTreeGRPOTrainer
 
 from sequence_hooks_testkit.training import capitals_task as task
 
@@ -227,7 +227,7 @@ def test_a_small_spread_scaled_to_unit_size_is_warned_about(
 
     monkeypatch.setattr(trainer, "reward_funcs", [tiny_spread])
     trainer.model.train()
-    logger = logging.getLogger("vllm_sequence_hooks.rl")
+    logger = logging.getLogger("vllm_sequence_hooks_rl.trainer")
     # A WARNING gets through where it is logged (not under "vllm", which
     # TRL's colocated engine sets to ERROR).
     assert logger.isEnabledFor(logging.WARNING)

@@ -105,7 +105,8 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_holds_the_two_packages_and_nothing_else(wheel):
     """Every tracked module and record of the plugin and of the shared
-    package, and no other file of theirs."""
+    package, and no other file of theirs: not the GRPO trainer (v1/rl,
+    a distribution of its own)."""
     expected = {
         name.removeprefix("v1/")
         for name in tracked("v1/vllm_sequence_hooks")
@@ -138,8 +139,9 @@ def user_venv(wheel) -> Path:
 
 
 def test_the_wheel_alone_brings_everything_the_plugin_imports(user_venv):
-    """Everything serving imports, no test kit, no editable install; TRL
-    only as the `rl` extra (the trainer is not imported to serve)."""
+    """Everything serving imports, no test kit, no editable install, and
+    nothing of the GRPO trainer: neither its package nor TRL, in the
+    requirements or as an extra."""
     code = ("import importlib.metadata as m, importlib.util, json, "
             "sequence_hooks, vllm_sequence_hooks\n"
             "try:\n"
@@ -150,6 +152,8 @@ def test_the_wheel_alone_brings_everything_the_plugin_imports(user_venv):
             "print(json.dumps({'files': [sequence_hooks.__file__, "
             "vllm_sequence_hooks.__file__], 'testkit': testkit, "
             "'trl': importlib.util.find_spec('trl') is not None, "
+            "'trainer': importlib.util.find_spec('vllm_sequence_hooks_rl') "
+            "is not None, "
             "'requires': m.requires('vllm-sequence-hooks'), "
             "'plugins': sorted(e.value for e in m.entry_points("
             "group='vllm.general_plugins') if "
@@ -164,9 +168,9 @@ def test_the_wheel_alone_brings_everything_the_plugin_imports(user_venv):
     site = str(user_venv / "lib")
     assert all(path.startswith(site) for path in found["files"]), found
     assert not found["testkit"]
-    assert not found["trl"]
-    assert any(
-        r.startswith("trl") and 'extra == "rl"' in r
+    assert not found["trl"] and not found["trainer"]
+    assert not any(
+        r.startswith("trl") or 'extra == "rl"' in r
         for r in found["requires"]), found["requires"]
     assert found["plugins"] == ["vllm_sequence_hooks.engine_args:register"]
     editable = subprocess.run(
