@@ -93,18 +93,23 @@ def tiny_hook_ids() -> HookIds:
                    tokenizer.eos_token_id)
 
 
-def build_tiny_model(path: Path, spec: Optional[TinyModelSpec] = None) -> Path:
+def build_tiny_model(
+        path: Path,
+        spec: Optional[TinyModelSpec] = None,
+        tokenizer: Optional[PreTrainedTokenizerFast] = None) -> Path:
     """Writes a tiny Llama checkpoint and its tokenizer to ``path``.
 
     Args:
         path: Folder to write into; created if missing.
         spec: Shape and seed of the model; the default spec if None.
+        tokenizer: The tokenizer (it sets the vocabulary); this module's
+            word-level one if None.
 
     Returns:
         ``path``, ready for ``LLM(model=str(path))``.
     """
     spec = spec or TinyModelSpec()
-    tokenizer = build_tokenizer()
+    tokenizer = tokenizer or build_tokenizer()
     config = LlamaConfig(vocab_size=len(tokenizer),
                          hidden_size=spec.hidden_size,
                          intermediate_size=2 * spec.hidden_size,

@@ -1,0 +1,87 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Runs ThreadWeaver's controller on stock vLLM in a process of its own
+and writes the rollouts as JSON (a test process may already hold a V1
+engine, and a second one in a process computes wrong logits).
+
+Usage (in .venv-v1): python -m sequence_hooks_testkit.formats.run_threadweaver
+    MODEL CASES.json OUT.json [--url URL]
+
+CASES.json is a list of cases, each ``{"name", "prompts": [text],
+"settings": {controller keyword arguments}, "sampling": {...}, "n": 1,
+"plain": false}``; ``plain`` adds each prompt's plain decoding (one call,
+no stop ids) for comparison. Offline (``LLM``, fp32, eager) unless
+``--url`` names a ``vllm serve`` of MODEL.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from sequence_hooks_testkit.formats.threadweaver_controller import (
+    ThreadWeaverController, run)
+
+
+def backend_for(model: str, url=None, max_model_len: int = 512):
+    """Stock vLLM over MODEL: served at ``url``, else offline."""
+    from sequence_hooks_testkit.formats.backends import HTTPBackend, LLMBackend
+    if url:
+        return HTTPBackend(url)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+    return LLMBackend(
+        LLM(model=model,
+            max_model_len=max_model_len,
+            enforce_eager=True,
+            dtype="float32",
+            seed=0))
+
+
+def run_cases(backend, tokenizer, cases: list[dict]) -> list[dict]:
+    """Every case's rollouts (and plain decodings), as JSON-ready dicts."""
+    results = []
+    for case in cases:
+        controller = ThreadWeaverController(tokenizer,
+                                            **case.get("settings", {}))
+        prompts = [
+            tokenizer.encode(p, add_special_tokens=False)
+            for p in case["prompts"]
+        ]
+        rollouts = run(controller, backend, prompts, case.get("sampling"),
+                       case.get("n", 1))
+        result = {
+            "name": case["name"],
+            "rollouts":
+            [[dataclasses.asdict(r) for r in per] for per in rollouts],
+        }
+        if case.get("plain"):
+            done = backend.generate(
+                prompts, [{
+                    "temperature": 0.0,
+                    "max_tokens": backend.max_model_len - len(p)
+                } for p in prompts])
+            result["plain"] = [d.token_ids for d in done]
+        results.append(result)
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("cases", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--url")
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    backend = backend_for(args.model, args.url)
+    results = run_cases(backend, tokenizer, json.loads(args.cases.read_text()))
+    args.out.write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
