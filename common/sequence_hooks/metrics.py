@@ -6,9 +6,9 @@ Shared by both flavours (only prometheus_client, no vLLM module). They are
 created in the process that runs the hooks: V0's engine, V1's engine core.
 When that is not the API server's process (`vllm serve`),
 prometheus_client's multiprocess mode carries them to the API server's
-`/metrics`: V0's server sets it up itself; on V1, stock vLLM 0.32 sets it
-up only with `--api-server-count` > 1, else `PROMETHEUS_MULTIPROC_DIR`
-must be set (docs/v1.md).
+`/metrics`: V0's server sets it up itself; on V1, stock vLLM sets it up
+only with `--api-server-count` > 1, and the plugin's hooked server with
+one (`vllm_sequence_hooks.server_metrics`, docs/v1.md).
 
 Two names keep the seed's word "blocked" (its `SequenceStatus.BLOCKED`)
 where the code says parked: `syncs_blocked` and `blocked_time_seconds`,

@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""`SpecialKwargs`: the configuration of sequence hooks.
+"""`SpecialKwargs`: the configuration of sequence hooks, and
+`checked_special_kwargs`, the one reader and start check both engines run
+on it, in every process that checks it.
 
 Re-exported by the V0 fork's `vllm.config`, which imports it partway through
 `import vllm`: it must not import any vLLM module.
@@ -15,6 +17,8 @@ from pydantic.dataclasses import dataclass
 
 # The hook roles: each is given as a token id or as a token string.
 ROLES = ("sync", "promise", "child_role")
+# What every refusal of a `special_kwargs` starts with.
+REFUSAL = "special_kwargs: "
 
 
 @dataclass(config=ConfigDict(extra="forbid", strict=True))
@@ -213,3 +217,55 @@ class SpecialKwargs:
                 raise ValueError(
                     f"special token id {token_id} is outside the model's "
                     f"vocabulary (size {vocab_size})")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTokens:
+    """What the start check reads of a model (`SpecialKwargs.for_model`).
+
+    Args:
+        tokenizer: Loads the model's tokenizer (called only if a token is
+            given as a string).
+        vocab_size: The model's vocabulary size.
+        eos_token_id: The model config's `eos_token_id`: an id, a list of
+            ids or None.
+    """
+
+    tokenizer: Callable[[], Any]
+    vocab_size: int
+    eos_token_id: Any
+
+
+def checked_special_kwargs(value: Any,
+                           model: Optional[ModelTokens] = None
+                           ) -> SpecialKwargs:
+    """Reads `special_kwargs` and checks it against ``model``: what every
+    process that takes the setting runs (on V1 the API process, the engine
+    core and the workers; on V0 the engine's start), so a bad setting gets
+    the same reason wherever it is found.
+
+    Args:
+        value: A SpecialKwargs, a dict of its fields or its JSON.
+        model: The model to check it against; None: read only (where no
+            model is known yet).
+
+    Returns:
+        The configuration; with ``model``, every token given by id.
+
+    Raises:
+        ValueError: `special_kwargs: ` and the reason, on one line.
+    """
+    try:
+        parsed = SpecialKwargs.parse(value)
+        if model is None:
+            return parsed
+        return parsed.for_model(model.tokenizer, model.vocab_size,
+                                model.eos_token_id)
+    except ValueError as e:
+        raise ValueError(REFUSAL + refusal_reason(e)) from e
+
+
+def refusal_reason(error: Exception) -> str:
+    """The reason of a refusal on one line (pydantic's take several), as
+    `vllm serve` prints it last."""
+    return " ".join(str(error).split())

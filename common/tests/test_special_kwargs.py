@@ -2,13 +2,15 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`SpecialKwargs.parse`: the one reader of `special_kwargs` that both
 engines' settings go through (V0's `--special-kwargs`, the V1 plugin's
-`--special-kwargs`, `special_kwargs=` and `additional_config`)."""
+`--special-kwargs`, `special_kwargs=` and `additional_config`), and
+`checked_special_kwargs`, the start check both engines run on it."""
 
 import json
 
 import pytest
 
 from sequence_hooks import SpecialKwargs
+from sequence_hooks.special_kwargs import ModelTokens, checked_special_kwargs
 
 FIELDS = {"sync_token": "<sync>", "promise_token_id": 7, "max_depth": 3}
 
@@ -83,3 +85,41 @@ def test_for_model_resolves_then_checks_against_the_model():
             "sync_token": "<sync>",
             "promise_token": "<nope>"
         }).for_model(tokenizer, 3, 0)
+
+
+@pytest.mark.parametrize("given, model, reason", [
+    ({
+        **FIELDS, "max_dept": 2
+    }, None, "special_kwargs: 1 validation error for SpecialKwargs max_dept "
+     "Unexpected keyword argument"),
+    ({
+        "sync_token": "<sync>",
+        "promise_token": "<nope>"
+    }, ModelTokens(WordTokenizer, 3, 0),
+     "special_kwargs: promise_token '<nope>' is not a single token"),
+    ({
+        "sync_token_id": 0,
+        "promise_token_id": 2
+    }, ModelTokens(WordTokenizer, 3, 0),
+     "special_kwargs: token id(s) [0] are the model's end-of-sequence token"),
+],
+                         ids=["unknown-key", "not-one-token", "eos"])
+def test_checked_special_kwargs_gives_one_line_reasons(given, model, reason):
+    """What every process that takes the setting raises: the reason after
+    `special_kwargs: `, on one line (pydantic's span several)."""
+    with pytest.raises(ValueError) as refusal:
+        checked_special_kwargs(given, model)
+    assert str(refusal.value).startswith(reason), str(refusal.value)
+    assert "\n" not in str(refusal.value)
+
+
+def test_checked_special_kwargs_reads_and_resolves():
+    assert checked_special_kwargs(
+        json.dumps(FIELDS)) == SpecialKwargs(**FIELDS)
+    resolved = checked_special_kwargs(
+        {
+            "sync_token": "<sync>",
+            "promise_token": "<promise>"
+        }, ModelTokens(WordTokenizer, 3, 0))
+    assert (resolved.sync_token_id, resolved.promise_token_id,
+            resolved.is_resolved) == (1, 2, True)

@@ -6,8 +6,9 @@ The server runs on 127.0.0.1 as docs/v1.md serves the plugin (the one
 flag `--special-kwargs`, or the five it stands for) with the scripted
 logits processor, so each request carries
 its script as JSON in `vllm_xargs` (`scripted_body`), and a step delay for
-tests that need streams still running; the hooks' metrics reach
-`/metrics` through prometheus' multiprocess mode.
+tests that need streams still running. The environment has no
+`PROMETHEUS_MULTIPROC_DIR` unless a test gives one: the flag itself
+makes the hooks' metrics reach `/metrics` (`server_metrics`).
 """
 
 import json
@@ -34,6 +35,9 @@ from sequence_hooks_testkit.v1_scripted_logits import (SCRIPT_KEY,
 # Server start (engine core in its own process) and one request's bounds.
 START_TIMEOUT_S = 240
 REQUEST_TIMEOUT_S = 60
+# Where prometheus_client's multiprocess mode keeps every process's
+# metrics.
+PROMETHEUS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # The hooks by token string, as users configure them.
 SPECIAL_KWARGS = {
     "sync_token": "<sync>",
@@ -115,30 +119,31 @@ def start_hooked_v1_server(
         extra_args: tuple[str, ...] = (),
         step_delay_s: float = 0.0,
         five_flags: bool = False,
-        start_timeout_s: float = START_TIMEOUT_S
-) -> tuple[subprocess.Popen, str]:
+        start_timeout_s: float = START_TIMEOUT_S,
+        prometheus_dir: Optional[Path] = None) -> tuple[subprocess.Popen, str]:
     """Starts a hooked server in its own process group and waits until it
     is healthy.
 
     Args:
         model_path: The tiny model's folder.
-        work_dir: An empty folder for the log and the metrics' files.
+        work_dir: An empty folder for the log.
         extra_args: More `vllm serve` arguments.
         step_delay_s: Seconds added to each engine step (`StepDelayV1`).
         five_flags: Turn the hooks on with the five flags instead of
             `--special-kwargs` (`serve_command`).
         start_timeout_s: How long it may take to become healthy.
+        prometheus_dir: The user's `PROMETHEUS_MULTIPROC_DIR`; None: not
+            set.
 
     Returns:
         The server's process (the leader of its process group) and its
         base URL.
     """
     port = free_port()
-    metrics_dir = work_dir / "prometheus"
-    metrics_dir.mkdir()
-    env = dict(os.environ,
-               VLLM_ENABLE_V1_MULTIPROCESSING="1",
-               PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    env.pop(PROMETHEUS_DIR_ENV, None)
+    if prometheus_dir is not None:
+        env[PROMETHEUS_DIR_ENV] = str(prometheus_dir)
     env[STEP_DELAY_ENV] = str(step_delay_s)
     log_path = work_dir / "server.log"
     with open(log_path, "w") as log:
@@ -165,21 +170,25 @@ def start_hooked_v1_server(
 def hooked_v1_server(model_path: Path,
                      work_dir: Path,
                      extra_args: tuple[str, ...] = (),
-                     five_flags: bool = False) -> Iterator[str]:
+                     five_flags: bool = False,
+                     prometheus_dir: Optional[Path] = None) -> Iterator[str]:
     """A running hooked server; its base URL. Stopped (killed if it does
     not exit in 30 s) on leaving.
 
     Args:
         model_path: The tiny model's folder.
-        work_dir: An empty folder for the log and the metrics' files.
+        work_dir: An empty folder for the log.
         extra_args: More `vllm serve` arguments.
         five_flags: Turn the hooks on with the five flags instead of
             `--special-kwargs`.
+        prometheus_dir: The user's `PROMETHEUS_MULTIPROC_DIR`; None: not
+            set.
     """
     process, url = start_hooked_v1_server(model_path,
                                           work_dir,
                                           extra_args,
-                                          five_flags=five_flags)
+                                          five_flags=five_flags,
+                                          prometheus_dir=prometheus_dir)
     try:
         yield url
     finally:

@@ -23,10 +23,18 @@ from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_path, tmp_path_factory):
+def prometheus_dir(tmp_path_factory):
+    """The server's `PROMETHEUS_MULTIPROC_DIR`, as a user sets it (the
+    plugin's own folder when none is set: test_v1_server_metrics.py)."""
+    return tmp_path_factory.mktemp("prometheus")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tmp_path_factory, prometheus_dir):
     """A hooked `vllm serve` over the tiny model; stopped at the end."""
     with hooked_v1_server(tiny_model_path,
-                          tmp_path_factory.mktemp("serve")) as url:
+                          tmp_path_factory.mktemp("serve"),
+                          prometheus_dir=prometheus_dir) as url:
         yield url
 
 
@@ -152,7 +160,9 @@ def hook_metric(url: str, name: str) -> float:
 
 
 def test_hook_metrics_reach_the_servers_metrics(server, hook_ids,
-                                                tiny_model_path):
+                                                tiny_model_path,
+                                                prometheus_dir):
+    """Through the folder the user set: the plugin keeps to it."""
     before = hook_metric(server, "promises_spawned_total")
     response = requests.post(server + "/v1/completions",
                              json=body(hook_ids, tiny_model_path, False,
@@ -161,6 +171,7 @@ def test_hook_metrics_reach_the_servers_metrics(server, hook_ids,
     response.raise_for_status()
     assert hook_metric(server, "promises_spawned_total") == before + 1
     assert hook_metric(server, "children_running") == 0
+    assert list(prometheus_dir.glob("*.db"))
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])

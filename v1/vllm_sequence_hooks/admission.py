@@ -19,8 +19,7 @@ the engine before the model is loaded.
 
 import torch
 from vllm_sequence_hooks.config import (REQUEST_CHECK, SCHEDULER_CLS,
-                                        check_special_kwargs, names_scheduler,
-                                        special_kwargs_of)
+                                        names_scheduler, special_kwargs_of)
 from vllm_sequence_hooks.config_check import CheckOnlyLogitsProcessor
 
 from vllm.config import VllmConfig
@@ -62,7 +61,4 @@ class HookedRequestCheck(CheckOnlyLogitsProcessor):
                 f"{REQUEST_CHECK} is the request check of sequence hooks: "
                 f"it needs --scheduler-cls {SCHEDULER_CLS} (got "
                 f"{vllm_config.scheduler_config.scheduler_cls!r})")
-        try:
-            check_special_kwargs(special_kwargs_of(vllm_config), vllm_config)
-        except ValueError as e:
-            raise ValueError(f"special_kwargs: {e}") from e
+        special_kwargs_of(vllm_config)

@@ -5,14 +5,16 @@
 `--logits-processors` (`admission`) and, on a server, three `--middleware`;
 `hooked_settings` derives them all from `special_kwargs` (the one flag,
 `engine_args`), and the checks of that configuration that the scheduler,
-the request check and `engine_args` share."""
+the request check and `engine_args` share (`special_kwargs_of`, once a
+process; `refuse_unservable`)."""
 
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any
 
 from vllm_sequence_hooks.seams import check_vllm_version
 
 from sequence_hooks import SpecialKwargs
+from sequence_hooks.special_kwargs import ModelTokens, checked_special_kwargs
 from vllm.config import VllmConfig
 from vllm.tokenizers import cached_tokenizer_from_config
 
@@ -33,6 +35,8 @@ SKIP_TOKENIZER_INIT = (
 MIDDLEWARE = ("vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown",
               "vllm_sequence_hooks.beam_search.RefuseBeamSearch",
               "vllm_sequence_hooks.data_parallel.SamplesOnOneEngine")
+# This process's checked configurations (`special_kwargs_of`).
+_CHECKED: dict[tuple, SpecialKwargs] = {}
 
 
 def refuse_unservable(vllm_config: VllmConfig) -> None:
@@ -71,46 +75,38 @@ def refuse_unservable(vllm_config: VllmConfig) -> None:
 
 
 def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
-    """Reads and validates the hooks' configuration.
+    """The hooks' configuration of an engine, read and checked against its
+    model: the one check of the API process (`engine_args`), the engine
+    core (the scheduler) and the workers (the request check), run once a
+    process (its result kept, by what was given and the model's tokens),
+    each refusal the same text (`checked_special_kwargs`).
 
     Args:
         vllm_config: The engine's configuration.
 
     Returns:
-        The SpecialKwargs in `additional_config["special_kwargs"]`.
+        The SpecialKwargs in `additional_config["special_kwargs"]`, every
+        token given by id.
 
     Raises:
-        ValueError: if it is missing or invalid.
+        ValueError: if it is missing, invalid, or a token is not one of the
+            model's, outside its vocabulary or its end-of-sequence token.
     """
     raw = (vllm_config.additional_config or {}).get(CONFIG_KEY)
     if raw is None:
-        raise ValueError(f"SequenceHookScheduler needs additional_config="
+        raise ValueError(f"sequence hooks need additional_config="
                          f"{{'{CONFIG_KEY}': {{...}}}}")
-    return SpecialKwargs.parse(raw)
-
-
-def check_special_kwargs(special_kwargs: SpecialKwargs,
-                         vllm_config: VllmConfig,
-                         tokenizer: Optional[Any] = None) -> SpecialKwargs:
-    """Resolves token strings to ids and checks them against the model.
-
-    Args:
-        special_kwargs: The hooks' configuration.
-        vllm_config: The engine's configuration (its model's).
-        tokenizer: The model's tokenizer; loaded if None.
-
-    Returns:
-        ``special_kwargs`` with every token given by id.
-
-    Raises:
-        ValueError: if a token is not one of the model's, is outside its
-            vocabulary or is its end-of-sequence token.
-    """
     model_config = vllm_config.model_config
-    return special_kwargs.for_model(
-        lambda: (tokenizer if tokenizer is not None else
-                 cached_tokenizer_from_config(model_config)),
-        model_config.get_vocab_size(), model_config.hf_config.eos_token_id)
+    model = ModelTokens(lambda: cached_tokenizer_from_config(model_config),
+                        model_config.get_vocab_size(),
+                        model_config.hf_config.eos_token_id)
+    # The repr tells apart every value `SpecialKwargs.parse` tells apart.
+    key = (repr(raw), model_config.tokenizer, model_config.tokenizer_mode,
+           model_config.tokenizer_revision, model_config.trust_remote_code,
+           model.vocab_size, repr(model.eos_token_id))
+    if key not in _CHECKED:
+        _CHECKED[key] = checked_special_kwargs(raw, model)
+    return _CHECKED[key]
 
 
 def names_scheduler(vllm_config: VllmConfig) -> bool:
@@ -162,7 +158,7 @@ def hooked_settings(special_kwargs: Any,
             `additional_config`.
     """
     check_vllm_version()
-    parsed = SpecialKwargs.parse(special_kwargs)
+    parsed = checked_special_kwargs(special_kwargs)
     fields = fields_of(parsed)
     scheduler_cls = settings.get("scheduler_cls")
     if scheduler_cls is not None and not _is_scheduler(scheduler_cls):
@@ -173,7 +169,7 @@ def hooked_settings(special_kwargs: Any,
             "with the hooks)")
     additional_config = dict(settings.get("additional_config") or {})
     given = additional_config.get(CONFIG_KEY)
-    if given is not None and SpecialKwargs.parse(given) != parsed:
+    if given is not None and checked_special_kwargs(given) != parsed:
         raise ValueError(
             f"special_kwargs={fields!r} and additional_config"
             f"[{CONFIG_KEY!r}]={given!r} conflict: give the hooks once")

@@ -16,7 +16,8 @@ members of `EngineArgs` in memory, each a row of `seams.SEAMS`:
   arguments before it builds the app, expands it into the settings
   (`config.hooked_settings`), in place, so upstream reads plain flags
   from there on (`--middleware` in `build_app`, the arguments pickled for
-  more API servers);
+  more API servers), and on a hooked API server turns on what shows the
+  engine core's metrics on `/metrics` (`server_metrics`);
 - `__init__` (of `EngineArgs` and `AsyncEngineArgs`) takes
   `special_kwargs=` and expands it the same way;
 - `create_engine_config` checks the hooks against the model (each token
@@ -35,11 +36,12 @@ import argparse
 import functools
 from typing import Any, Callable
 
-from vllm_sequence_hooks.config import (CONFIG_KEY, check_special_kwargs,
-                                        fields_of, hooked_settings,
+from vllm_sequence_hooks.config import (CONFIG_KEY, fields_of, hooked_settings,
                                         refuse_unservable, special_kwargs_of)
+from vllm_sequence_hooks.server_metrics import show_engine_core_metrics
 
 from sequence_hooks import SpecialKwargs
+from sequence_hooks.special_kwargs import refusal_reason
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 
@@ -70,12 +72,8 @@ class SpecialKwargsAction(argparse.Action):
         try:
             parsed = SpecialKwargs.parse(values)
         except ValueError as e:
-            raise argparse.ArgumentError(self, _one_line(e)) from e
+            raise argparse.ArgumentError(self, refusal_reason(e)) from e
         setattr(namespace, self.dest, fields_of(parsed))
-
-
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())
 
 
 def add_flag(parser: argparse.ArgumentParser) -> None:
@@ -119,6 +117,14 @@ def expand_parsed_args(args: argparse.Namespace) -> None:
         setattr(args, name, value)
 
 
+def is_hooked_server(args: argparse.Namespace) -> bool:
+    """Whether parsed arguments are those of an API server with hooks (not
+    a headless engine host, whose metrics no `/metrics` shows)."""
+    return (hasattr(args, "middleware")
+            and not getattr(args, "headless", False)
+            and CONFIG_KEY in (getattr(args, "additional_config", None) or {}))
+
+
 def check_hooks_config(vllm_config: VllmConfig) -> None:
     """Checks a hooked configuration against its model, in the calling
     process; nothing without hooks.
@@ -131,10 +137,7 @@ def check_hooks_config(vllm_config: VllmConfig) -> None:
     if CONFIG_KEY not in (vllm_config.additional_config or {}):
         return
     refuse_unservable(vllm_config)
-    try:
-        check_special_kwargs(special_kwargs_of(vllm_config), vllm_config)
-    except ValueError as e:
-        raise ValueError(f"special_kwargs: {_one_line(e)}") from e
+    special_kwargs_of(vllm_config)
 
 
 def _wrap(owner: type, name: str, make: Callable[[Callable],
@@ -168,6 +171,8 @@ def _from_cli_args(upstream: Callable) -> Callable:
 
     def from_cli_args(cls, args: argparse.Namespace):
         expand_parsed_args(args)
+        if is_hooked_server(args):
+            show_engine_core_metrics()
         return upstream(cls, args)
 
     return from_cli_args

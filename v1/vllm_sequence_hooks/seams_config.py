@@ -61,6 +61,11 @@ CONFIG_SEAMS: tuple[Seam, ...] = (
         "model's EOS (`hf_config.eos_token_id`, Hugging Face's)", PUBLIC_API),
     Seam("vllm.config:ModelConfig.get_vocab_size", "calls",
          "hook token ids are checked against the vocabulary", PUBLIC_API),
+    Seam(
+        "vllm.config:ModelConfig.{tokenizer,tokenizer_mode,"
+        "tokenizer_revision,trust_remote_code}", "reads",
+        "the tokenizer the check of `special_kwargs` ran against: the key "
+        "under which a process keeps its result", PUBLIC_API),
     Seam("vllm.engine.arg_utils:EngineArgs.{scheduler_cls,additional_config}",
          "reads", "`hooked_engine_args` gives these two to `LLM(...)`",
          PUBLIC_API),

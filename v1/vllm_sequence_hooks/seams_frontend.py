@@ -4,7 +4,7 @@
 the frontend fans out samples, makes request outputs and checks stop
 strings; the request check (`admission`, a logits processor); the
 trainer's colocated engine (`rl`); the API server's shutdown
-(`shutdown`). Rows of `seams.SEAMS`.
+(`shutdown`) and metrics (`server_metrics`). Rows of `seams.SEAMS`.
 """
 
 from vllm_sequence_hooks.seams_types import (NEVER_GIVEN, PUBLIC_API,
@@ -15,6 +15,8 @@ _ADMISSION = ("V1 lets a scheduler plugin refuse a request in the frontend, "
               "with a reason")
 _SHUTDOWN = ("upstream's shutdown gives every open request a final output "
              "before uvicorn waits for their streams")
+_METRICS = ("upstream shows the engine core's metrics with one API server "
+            "too, or gives plugins a metrics channel")
 
 FRONTEND_SEAMS: tuple[Seam, ...] = (
     # The frontend.
@@ -112,4 +114,10 @@ FRONTEND_SEAMS: tuple[Seam, ...] = (
         "vllm.v1.engine.output_processor:OutputProcessor.abort_requests",
         "calls", "ends each open request's stream with finish reason "
         "`abort`, as a client's abort does", _SHUTDOWN),
+    # The engine core's metrics on a one-API-server `/metrics`
+    # (`server_metrics`).
+    Seam(
+        "vllm.v1.metrics.prometheus:get_prometheus_registry", "relies on",
+        "with `PROMETHEUS_MULTIPROC_DIR` set, `/metrics` reads every "
+        "process's metrics from the folder", _METRICS),
 )

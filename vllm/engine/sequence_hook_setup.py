@@ -10,7 +10,7 @@ configuration the hooks cannot serve fails at start with a reason.
 from typing import TYPE_CHECKING
 
 import vllm.envs as envs
-from sequence_hooks.special_kwargs import SpecialKwargs
+from sequence_hooks.special_kwargs import ModelTokens, checked_special_kwargs
 from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
 from vllm.transformers_utils.tokenizer import get_tokenizer
 from vllm.utils import resolve_obj_by_qualname
@@ -33,7 +33,7 @@ def prepare_engine_args(args: "EngineArgs") -> None:
     Raises:
         ValueError: if an explicit choice conflicts with the hooks.
     """
-    args.special_kwargs = SpecialKwargs.parse(args.special_kwargs)
+    args.special_kwargs = checked_special_kwargs(args.special_kwargs)
     if envs.is_set("VLLM_USE_V1") and envs.VLLM_USE_V1:
         refuse("the V1 engine (VLLM_USE_V1=1): hooks run in the V0 engine; "
                "unset VLLM_USE_V1 or set it to 0")
@@ -99,16 +99,16 @@ def check_engine_config(config: "VllmConfig") -> None:
                " it off)")
     if model_config.use_async_output_proc:
         refuse("async output processing")
-    try:
-        config.special_kwargs = config.special_kwargs.for_model(
+    config.special_kwargs = checked_special_kwargs(
+        config.special_kwargs,
+        ModelTokens(
             lambda: get_tokenizer(model_config.tokenizer,
                                   tokenizer_mode=model_config.tokenizer_mode,
                                   trust_remote_code=model_config.
                                   trust_remote_code,
                                   revision=model_config.tokenizer_revision),
-            model_config.get_vocab_size(), model_config.hf_config.eos_token_id)
-    except ValueError as e:
-        raise ValueError(f"special_kwargs: {e}") from e
+            model_config.get_vocab_size(),
+            model_config.hf_config.eos_token_id))
 
 
 def refuse(what: str) -> None:

@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The hooks' configuration is read and checked by one function,
+`config.special_kwargs_of`, in each process that checks it: the API
+process (`EngineArgs.create_engine_config`), the engine core (the
+scheduler) and the workers (the request check). Each refusal is the same
+text wherever it is found, and the check runs once a process."""
+
+import pytest
+import torch
+from vllm_sequence_hooks.admission import HookedRequestCheck
+from vllm_sequence_hooks.config import (CONFIG_KEY, SCHEDULER_CLS,
+                                        special_kwargs_of)
+from vllm_sequence_hooks.scheduler import SequenceHookScheduler
+
+from sequence_hooks import SpecialKwargs
+from sequence_hooks_testkit.v1_batch_queue import make_scheduler
+from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
+from vllm.engine.arg_utils import EngineArgs
+
+
+def api_process(model_path, special_kwargs):
+    """What `vllm serve` and `LLM` build before any engine process."""
+    return EngineArgs(model=str(model_path),
+                      dtype="float32",
+                      special_kwargs=special_kwargs).create_engine_config()
+
+
+def engine_core(model_path, special_kwargs):
+    return make_scheduler(SequenceHookScheduler, model_path, False,
+                          special_kwargs)
+
+
+def worker(model_path, special_kwargs):
+    """The request check as each worker builds it, before the model."""
+    config = VllmConfig(model_config=ModelConfig(model=str(model_path),
+                                                 dtype="float32"),
+                        scheduler_config=SchedulerConfig(
+                            max_model_len=256,
+                            is_encoder_decoder=False,
+                            scheduler_cls=SCHEDULER_CLS),
+                        additional_config={CONFIG_KEY: special_kwargs})
+    return HookedRequestCheck(config, torch.device("cpu"), False)
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({
+        "sync_token": "zz"
+    }, "special_kwargs: sync_token 'zz' is not a single token"),
+    ({
+        "sync_token": None,
+        "sync_token_id": 2
+    }, "special_kwargs: token id(s) [2] are the model's end-of-sequence "
+     "token"),
+    ({
+        "max_dept": 3
+    }, "special_kwargs: 1 validation error for SpecialKwargs max_dept "
+     "Unexpected keyword argument"),
+],
+                         ids=["not-one-token", "eos", "unknown-key"])
+def test_a_bad_setting_has_one_reason_in_every_process(tiny_model_path,
+                                                       hook_ids, changes,
+                                                       reason):
+    assert hook_ids.eos == 2
+    special_kwargs = {
+        "sync_token": "<sync>",
+        "promise_token": "<promise>",
+        **changes
+    }
+    reasons = []
+    for check in (api_process, engine_core, worker):
+        with pytest.raises(ValueError) as refusal:
+            check(tiny_model_path, special_kwargs)
+        reasons.append(str(refusal.value))
+    assert reasons[0].startswith(reason), reasons[0]
+    assert reasons == [reasons[0]] * 3
+
+
+def test_the_check_runs_once_a_process(tiny_model_path, hook_ids, monkeypatch):
+    """An engine whose core runs in the API process (`LLM` with
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0`) reaches all three checks there:
+    the model is consulted once."""
+    checks = []
+    for_model = SpecialKwargs.for_model
+
+    def counted(self, *args):
+        checks.append(self)
+        return for_model(self, *args)
+
+    monkeypatch.setattr(SpecialKwargs, "for_model", counted)
+    # A separator no other test uses: a configuration this process has not
+    # checked yet.
+    special_kwargs = {
+        "sync_token": "<sync>",
+        "promise_token": "<promise>",
+        "child_role_token": "<child>",
+        "merge_separator": " (checked once) "
+    }
+    vllm_config = api_process(tiny_model_path, special_kwargs)
+    carried = vllm_config.additional_config[CONFIG_KEY]
+    worker(tiny_model_path, carried)
+    scheduler = engine_core(tiny_model_path, carried)
+    assert len(checks) == 1
+    resolved = scheduler.hooks.special_kwargs
+    assert (resolved.sync_token_id, resolved.promise_token_id,
+            resolved.child_role_token_id) == (hook_ids.sync, hook_ids.promise,
+                                              hook_ids.child)
+    assert special_kwargs_of(vllm_config) is resolved
