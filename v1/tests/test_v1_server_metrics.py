@@ -9,11 +9,18 @@ shows on `/metrics` while a tree is live and once it is done, beside
 vLLM's own metrics of the API process. (A folder the user sets is kept
 to: test_v1_serving.py.)"""
 
+import argparse
+import os
 import re
 import threading
 from pathlib import Path
 
+import prometheus_client.values
+import pytest
 import requests
+from vllm_sequence_hooks.config import CONFIG_KEY
+from vllm_sequence_hooks.engine_args import is_hooked_server
+from vllm_sequence_hooks.server_metrics import ENV, show_engine_core_metrics
 
 from sequence_hooks_testkit.server import stop_server
 from sequence_hooks_testkit.shutdown_check import wait_until
@@ -135,3 +142,39 @@ def test_every_hook_metric_shows_live_and_at_rest(tiny_model_path, hook_ids,
         stop_server(process)
     assert process.returncode == 0
     assert not folder.exists()
+
+
+@pytest.mark.parametrize("args, hooked", [
+    ({}, True),
+    ({
+        "headless": True
+    }, False),
+    ({
+        "additional_config": {}
+    }, False),
+],
+                         ids=["server", "headless", "no-hooks"])
+def test_only_a_hooked_api_server_turns_the_mode_on(args, hooked):
+    """A server's parsed arguments (`middleware` is a server's flag) with
+    hooks; a headless engine host has no `/metrics`."""
+    parsed = argparse.Namespace(
+        **{
+            "middleware": [],
+            "headless": False,
+            "additional_config": {
+                CONFIG_KEY: {}
+            },
+            **args
+        })
+    assert is_hooked_server(parsed) is hooked
+    del parsed.middleware
+    assert not is_hooked_server(parsed)
+
+
+def test_a_folder_the_user_set_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, str(tmp_path))
+    value_class = prometheus_client.values.ValueClass
+    show_engine_core_metrics()
+    assert os.environ[ENV] == str(tmp_path)
+    assert prometheus_client.values.ValueClass is value_class
+    assert not list(tmp_path.iterdir())
