@@ -19,12 +19,12 @@ Usage: .venv/bin/python models/research/train_promise_model.py [--out DIR]
 
 import argparse
 import random
-import time
 from pathlib import Path
 
 import torch
 
 from sequence_hooks_testkit import tiny_model
+from sequence_hooks_testkit.training import loop
 from sequence_hooks_testkit.training.expand_task import examples, make_task
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,32 +72,16 @@ def main() -> None:
     from transformers import LlamaForCausalLM
     model = LlamaForCausalLM.from_pretrained(out)
     tokenizer = tiny_model.build_tokenizer()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer,
-                                                   max_lr=3e-3,
-                                                   total_steps=args.steps)
-    model.train()
-    start = time.monotonic()
-    for step in range(args.steps):
+
+    def loss_of() -> torch.Tensor:
         losses, weights = [], 0.0
         for tokens, mask in batches(tokenizer, rng, 16):
-            logits = model(tokens).logits[:, :-1]
-            target, weight = tokens[:, 1:], mask[:, 1:].float()
-            losses.append((torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]),
-                target.reshape(-1),
-                reduction="none") * weight.reshape(-1)).sum())
-            weights += weight.sum()
-        loss = sum(losses) / weights
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        if step % 200 == 0 or step == args.steps - 1:
-            print(
-                f"step {step} loss {loss.item():.4f} "
-                f"({(time.monotonic() - start) / 60:.1f} min)",
-                flush=True)
+            losses.append(
+                loop.masked_loss_sum(model(tokens).logits, tokens, mask))
+            weights += mask[:, 1:].float().sum()
+        return sum(losses) / weights
+
+    loop.train(model, args.steps, 3e-3, loss_of, every=200)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     print(f"saved to {out}")

@@ -16,7 +16,7 @@ on what the model writes (headers, closures and suffixes are the
 controller's).
 
 Usage: .venv/bin/python models/research/train_threadweaver_model.py
-    [--out DIR] [--steps 2500] [--batch 16] [--seed 0]
+    [--out DIR] [--steps 400] [--rows 4] [--lr 5e-3] [--layers 4] [--seed 0]
 """
 
 import argparse
@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from sequence_hooks_testkit import tiny_model
+from sequence_hooks_testkit.training import loop
 from sequence_hooks_testkit.training import threadweaver_task as task_mod
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,27 +61,42 @@ def packed(tokenizer, task):
     return ids, mask, positions, sees
 
 
-def batch(tokenizer, rng: random.Random, size: int):
-    """One step's rows, padded: tokens, loss mask, positions, and the
-    boolean attention mask (batch, 1, width, width)."""
-    rows = [packed(tokenizer, task_mod.make_task(rng)) for _ in range(size)]
-    width = max(len(r[0]) for r in rows)
-    tokens = torch.full((size, width), tokenizer.pad_token_id)
-    loss = torch.zeros((size, width))
-    positions = torch.zeros((size, width), dtype=torch.long)
+def batch(tokenizer, rng: random.Random, rows: int, width: int, pending: list):
+    """One step's rows: tasks packed one after the other into ``rows``
+    rows of ``width`` tokens (no padding between them), each task seeing
+    only itself. ``pending`` carries a task that did not fit over to the
+    next step.
+
+    Returns:
+        Tokens, loss mask, positions, and the boolean attention mask
+        (rows, 1, width, width).
+    """
+    tokens = torch.full((rows, width), tokenizer.pad_token_id)
+    loss = torch.zeros((rows, width))
+    positions = torch.zeros((rows, width), dtype=torch.long)
     # Padding sees itself only, so no row of the mask is empty.
-    attend = torch.eye(width, dtype=torch.bool).repeat(size, 1, 1)
-    for b, (ids, mask, pos, sees) in enumerate(rows):
-        n = len(ids)
-        tokens[b, :n] = torch.tensor(ids)
-        loss[b, :n] = torch.tensor(mask, dtype=torch.float)
-        positions[b, :n] = torch.tensor(pos)
-        for i, (fork, start) in enumerate(sees):
-            if start == 0:
-                attend[b, i, :i + 1] = True
-            else:
-                attend[b, i, :fork] = True
-                attend[b, i, start:i + 1] = True
+    attend = torch.eye(width, dtype=torch.bool).repeat(rows, 1, 1)
+    for b in range(rows):
+        offset = 0
+        while True:
+            if not pending:
+                pending.append(packed(tokenizer, task_mod.make_task(rng)))
+            ids, mask, pos, sees = pending[0]
+            if offset + len(ids) > width:
+                break
+            pending.pop()
+            end = offset + len(ids)
+            tokens[b, offset:end] = torch.tensor(ids)
+            loss[b, offset:end] = torch.tensor(mask, dtype=torch.float)
+            positions[b, offset:end] = torch.tensor(pos)
+            for i, (fork, start) in enumerate(sees):
+                row = attend[b, offset + i]
+                if start == 0:
+                    row[offset:offset + i + 1] = True
+                else:
+                    row[offset:offset + fork] = True
+                    row[offset + start:offset + i + 1] = True
+            offset = end
     return tokens, loss, positions, attend.unsqueeze(1)
 
 
@@ -88,8 +104,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out",
                         default=str(ROOT / "models" / "threadweaver-toy"))
-    parser.add_argument("--steps", type=int, default=2500)
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--rows", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -103,33 +120,18 @@ def main() -> None:
     tiny_model.build_tiny_model(out, spec, tokenizer)
     from transformers import LlamaForCausalLM
     model = LlamaForCausalLM.from_pretrained(out, attn_implementation="sdpa")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer,
-                                                   max_lr=3e-3,
-                                                   total_steps=args.steps)
-    model.train()
-    start = time.monotonic()
-    for step in range(args.steps):
-        tokens, weight, positions, attend = batch(tokenizer, rng, args.batch)
+    pending: list = []
+
+    def loss_of() -> torch.Tensor:
+        tokens, mask, positions, attend = batch(tokenizer, rng, args.rows,
+                                                tiny_model.MAX_POSITIONS,
+                                                pending)
         logits = model(tokens, attention_mask=attend,
-                       position_ids=positions).logits[:, :-1]
-        weight = weight[:, 1:]
-        loss = (torch.nn.functional.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]),
-            tokens[:, 1:].reshape(-1),
-            reduction="none") * weight.reshape(-1)).sum() / weight.sum()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        if step % 250 == 249:
-            # A checkpoint to look at while a long run goes on.
-            model.save_pretrained(out, safe_serialization=True)
-        if step % 50 == 0 or step == args.steps - 1:
-            print(
-                f"step {step} loss {loss.item():.4f} "
-                f"({(time.monotonic() - start) / 60:.1f} min)",
-                flush=True)
+                       position_ids=positions).logits
+        return loop.masked_loss_sum(logits, tokens, mask) / mask[:, 1:].sum()
+
+    start = time.monotonic()
+    loop.train(model, args.steps, args.lr, loss_of, every=25)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     print(f"saved to {out} in {(time.monotonic() - start) / 60:.1f} min")
