@@ -29,7 +29,7 @@ import pytest
 from sequence_hooks_testkit.server import (free_port, metric,
                                            scripted_request_body,
                                            serve_command, server_env,
-                                           wait_healthy)
+                                           spawn_logged, wait_healthy)
 from sequence_hooks_testkit.shutdown_check import (Stream,
                                                    live_processes_of_group,
                                                    wait_until)
@@ -67,12 +67,10 @@ def server_group(tiny_model_path, tmp_path):
     """
     port = free_port()
     log = tmp_path / "server.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(serve_command(tiny_model_path, port),
-                                   stdout=out,
-                                   stderr=subprocess.STDOUT,
-                                   env=server_env(),
-                                   start_new_session=True)
+    process = spawn_logged(serve_command(tiny_model_path, port),
+                           log,
+                           env=server_env(),
+                           start_new_session=True)
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(process, base, log)

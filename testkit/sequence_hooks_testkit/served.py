@@ -18,7 +18,8 @@ import httpx
 
 from sequence_hooks_testkit.programs import two_children
 from sequence_hooks_testkit.server import (free_port, scripted_request_body,
-                                           serve_command, server_env)
+                                           serve_command, server_env,
+                                           spawn_logged)
 
 PROMPT = "the cat sees"
 REQUEST_SECONDS = 60
@@ -115,11 +116,7 @@ def start(name: str, model: Path, log: Path, hook_ids) -> Served:
         extra = {}
     else:
         extra = scripted_request_body(two_children(hook_ids), hook_ids)
-    with log.open("w") as out:
-        process = subprocess.Popen(command,
-                                   stdout=out,
-                                   stderr=subprocess.STDOUT,
-                                   env=env)
+    process = spawn_logged(command, log, env=env)
     return Served(name, f"http://127.0.0.1:{port}", str(model), process, log,
                   extra)
 

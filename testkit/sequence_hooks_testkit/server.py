@@ -73,6 +73,17 @@ def server_env() -> dict:
     return env
 
 
+def spawn_logged(command: Sequence[str], log: Path,
+                 **popen_kwargs) -> subprocess.Popen:
+    """Starts ``command`` with its output and errors written to ``log``;
+    ``popen_kwargs`` as `subprocess.Popen` takes them."""
+    with log.open("w") as out:
+        return subprocess.Popen(command,
+                                stdout=out,
+                                stderr=subprocess.STDOUT,
+                                **popen_kwargs)
+
+
 def wait_healthy(process: subprocess.Popen,
                  base: str,
                  log: Path,
@@ -119,12 +130,9 @@ def running_server(
     if special_kwargs is None:
         # A stock server runs the same V0 engine as the hooked one.
         env["VLLM_USE_V1"] = "0"
-    with log.open("w") as out:
-        process = subprocess.Popen(serve_command(model, port, special_kwargs,
-                                                 extra),
-                                   stdout=out,
-                                   stderr=subprocess.STDOUT,
-                                   env=env)
+    process = spawn_logged(serve_command(model, port, special_kwargs, extra),
+                           log,
+                           env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(process, base, log)

@@ -23,7 +23,8 @@ import pytest
 import requests
 
 from sequence_hooks_testkit.cache import cache_dir
-from sequence_hooks_testkit.server import stop_server, wait_healthy
+from sequence_hooks_testkit.server import (spawn_logged, stop_server,
+                                           wait_healthy)
 from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
                                               SPECIAL_KWARGS, START_TIMEOUT_S,
                                               free_port)
@@ -210,13 +211,11 @@ def test_vllm_serve_with_the_one_flag_answers_with_the_tree(
         json.dumps(SPECIAL_KWARGS)
     ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command,
-                                   env=env,
-                                   cwd=tmp_path,
-                                   stdout=log,
-                                   stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+    process = spawn_logged(command,
+                           log_path,
+                           env=env,
+                           cwd=tmp_path,
+                           start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(process, url, log_path, START_TIMEOUT_S)

@@ -34,7 +34,8 @@ import psutil
 from sequence_hooks_testkit.bench.client_join import JoinTask
 from sequence_hooks_testkit.bench.client_join_http import (HttpSender,
                                                            stream_completion)
-from sequence_hooks_testkit.server import free_port, stop_server, wait_healthy
+from sequence_hooks_testkit.server import (free_port, spawn_logged,
+                                           stop_server, wait_healthy)
 from sequence_hooks_testkit.training import capitals_task, prepare_base_model
 from sequence_hooks_testkit.v1_server import (SPECIAL_KWARGS, metric_totals,
                                               metrics)
@@ -147,13 +148,10 @@ def running_servers(
                 env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
                     prefix=f"prometheus-{name}-{block_size}-", dir=folder)
             log = folder / f"{name}-{block_size}.log"
-            with log.open("w") as out:
-                process = subprocess.Popen(serve_command(
-                    name, args, port, block_size),
-                                           env=env,
-                                           stdout=out,
-                                           stderr=subprocess.STDOUT,
-                                           start_new_session=True)
+            process = spawn_logged(serve_command(name, args, port, block_size),
+                                   log,
+                                   env=env,
+                                   start_new_session=True)
             servers[name] = Server(name, f"http://127.0.0.1:{port}", process)
         for name, server in servers.items():
             wait_healthy(server.process, server.base,
