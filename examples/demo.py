@@ -43,6 +43,13 @@ TOY_MODEL_PROMPTS = [
     "red red cat dog fish then sun moon star old new then big small up down "
     "left then right yes no tree bird",
 ]
+# The hook tokens' flags: `SpecialKwargs` field, default, what it is.
+TOKEN_FLAGS = (
+    ("sync_token", "<sync>", "token that joins the children"),
+    ("promise_token", "<promise>", "token that spawns a child"),
+    ("child_role_token", "<child>",
+     "marker a child starts with ('' for none)"),
+)
 
 
 def print_tree(node, indent: str) -> None:
@@ -106,15 +113,10 @@ def main() -> None:
     parser.add_argument("--system",
                         help="system message of chat prompts (default with "
                         "the real model: its parallel form's)")
-    parser.add_argument("--sync-token",
-                        default="<sync>",
-                        help="token that joins the children")
-    parser.add_argument("--promise-token",
-                        default="<promise>",
-                        help="token that spawns a child")
-    parser.add_argument("--child-role-token",
-                        default="<child>",
-                        help="marker a child starts with ('' for none)")
+    for field, default, meaning in TOKEN_FLAGS:
+        parser.add_argument(f"--{field.replace('_', '-')}",
+                            default=default,
+                            help=meaning)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, help="sampling seed")
@@ -140,10 +142,10 @@ def main() -> None:
         chat, default_prompts = True, REAL_MODEL_PROMPTS
         system = args.system or capitals_task.SYSTEM_PARALLEL
     special_kwargs = {
-        "sync_token": args.sync_token,
-        "promise_token": args.promise_token,
-        "child_role_token": args.child_role_token or None
+        field: getattr(args, field)
+        for field, _, _ in TOKEN_FLAGS
     }
+    special_kwargs["child_role_token"] = args.child_role_token or None
     llm = hooked_llm(args.engine, model, special_kwargs)
     prompts = args.prompt or default_prompts
     requests = requests_of(llm, prompts, system) if chat else prompts
