@@ -19,6 +19,23 @@ from pydantic.dataclasses import dataclass
 ROLES = ("sync", "promise", "child_role")
 # What every refusal of a `special_kwargs` starts with.
 REFUSAL = "special_kwargs: "
+# The fork/join format the hooks serve.
+PROMISE_SYNC = "promise_sync"
+# Why each other published format is not served in-engine
+# (docs/formats.md).
+_KV_SPLICE = ("its model is trained for a join that reuses the children's "
+              "KV cache with per-path positions (every path from the fork's "
+              "position on, the conclusion after the longest path), which a "
+              "join that appends the children's tokens and prefills them "
+              "only approximates")
+_CLIENT_SIDE = ("not served in-engine yet: its controller runs from the "
+                "client on stock vLLM (docs/formats.md)")
+UNSERVED_FORMATS = {
+    "threadweaver": _CLIENT_SIDE,
+    "apr": _CLIENT_SIDE,
+    "multiverse": _KV_SPLICE,
+    "npr": _KV_SPLICE,
+}
 
 
 @dataclass(config=ConfigDict(extra="forbid", strict=True))
@@ -63,9 +80,20 @@ class SpecialKwargs:
     max_steps_passed_over: int = 64
     """Engine steps a waiting request may be passed over by critical-path
     work; after that it goes first (the starvation bound)."""
+    format: str = PROMISE_SYNC
+    """The fork/join format the model writes: "promise_sync" (the one
+    served). The other published formats are refused with their reason
+    (`UNSERVED_FORMATS`)."""
 
     @model_validator(mode="after")
     def _check(self) -> "SpecialKwargs":
+        if self.format != PROMISE_SYNC:
+            reason = UNSERVED_FORMATS.get(self.format)
+            if reason is None:
+                known = ", ".join([PROMISE_SYNC, *UNSERVED_FORMATS])
+                raise ValueError(f"unknown format {self.format!r} (known: "
+                                 f"{known})")
+            raise ValueError(f"format {self.format!r}: {reason}")
         for role in ROLES:
             if (getattr(self, f"{role}_token_id") is not None
                     and getattr(self, f"{role}_token") is not None):

@@ -22,6 +22,7 @@ FIELDS = {"sync_token": "<sync>", "promise_token_id": 7, "max_depth": 3}
 def test_every_form_reads_as_the_same_configuration(given):
     parsed = SpecialKwargs.parse(given)
     assert parsed == SpecialKwargs(**FIELDS)
+    assert parsed == SpecialKwargs(**FIELDS, format="promise_sync")
     assert (parsed.sync_token, parsed.promise_token_id,
             parsed.max_depth) == ("<sync>", 7, 3)
 
@@ -35,8 +36,30 @@ def test_every_form_reads_as_the_same_configuration(given):
         "sync_token": "<sync>"
     }, "promise_token_id or promise_token is required"),
     (["<sync>", "<promise>"], "must be SpecialKwargs, a dict or its JSON"),
+    ({
+        "format": "threads"
+    }, "unknown format 'threads' \\(known: promise_sync, threadweaver, apr, "
+     "multiverse, npr\\)"),
+    ({
+        "format": "multiverse"
+    }, "format 'multiverse': its model is trained for a join that reuses "
+     "the children's KV cache with per-path positions"),
+    ({
+        "format": "npr",
+        **FIELDS
+    }, "format 'npr': its model is trained for a join that reuses"),
+    ({
+        "format": "threadweaver"
+    }, "format 'threadweaver': not served in-engine yet"),
+    ({
+        "format": "apr"
+    }, "format 'apr': not served in-engine yet"),
 ],
-                         ids=["unknown-key", "bad-json", "no-promise", "list"])
+                         ids=[
+                             "unknown-key", "bad-json", "no-promise", "list",
+                             "unknown-format", "multiverse", "npr",
+                             "threadweaver", "apr"
+                         ])
 def test_a_bad_configuration_is_refused_with_its_reason(given, reason):
     with pytest.raises(ValueError, match=reason):
         SpecialKwargs.parse(given)
