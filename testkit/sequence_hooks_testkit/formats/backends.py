@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Stock vLLM as the formats' controllers call it: token ids in, token ids
-out, several calls at once.
+"""Stock vLLM as the formats' controllers call it, several calls at once:
+token ids in and out (`generate`, ThreadWeaver's) or text (`generate_text`,
+APR's).
 
-`LLMBackend` decodes offline through ``LLM.generate`` with
-``TokensPrompt``s; `HTTPBackend` sends one OpenAI completions request per
-call, its prompt a list of token ids with ``return_token_ids: true``
-(vLLM 0.32: the matched stop id is the last of ``choices[0].token_ids``).
+`LLMBackend` decodes offline through ``LLM.generate`` (token ids as
+``TokensPrompt``s); `HTTPBackend` sends one OpenAI completions request per
+call, a token-id prompt with ``return_token_ids: true`` (vLLM 0.32: the
+matched stop id is the last of ``choices[0].token_ids``).
 """
 
 import json
@@ -14,6 +15,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional
 
+from sequence_hooks_testkit.formats.apr_controller import TextCompletion
 from sequence_hooks_testkit.formats.threadweaver_controller import Completion
 
 
@@ -40,6 +42,18 @@ class LLMBackend:
         return [
             Completion(list(o.outputs[0].token_ids),
                        o.outputs[0].finish_reason) for o in outputs
+        ]
+
+    def generate_text(self, prompts: list[str],
+                      params: list[dict[str, Any]]) -> list[TextCompletion]:
+        """Decodes every text prompt with its parameters in one batch."""
+        from vllm import SamplingParams
+        outputs = self.llm.generate(prompts,
+                                    [SamplingParams(**p) for p in params],
+                                    use_tqdm=False)
+        return [
+            TextCompletion(o.outputs[0].text, o.outputs[0].finish_reason,
+                           o.outputs[0].stop_reason) for o in outputs
         ]
 
 
@@ -75,21 +89,31 @@ class HTTPBackend:
         with urllib.request.urlopen(request, timeout=self.timeout) as answer:
             return json.loads(answer.read())
 
-    def _complete(self, prompt: list[int], params: dict[str,
-                                                        Any]) -> Completion:
-        body = {
-            "model": self.model,
-            "prompt": prompt,
-            "return_token_ids": True,
-            **params
-        }
-        choice = self._send("POST", "/v1/completions", body)["choices"][0]
-        return Completion(list(choice["token_ids"]), choice["finish_reason"])
+    def _choices(self, prompts: list, params: list[dict[str, Any]]):
+        self.requests += len(prompts)
+
+        def one(prompt, extra):
+            body = {"model": self.model, "prompt": prompt, **extra}
+            return self._send("POST", "/v1/completions", body)["choices"][0]
+
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            return list(pool.map(one, prompts, params))
 
     def generate(self, prompts: list[list[int]],
                  params: list[dict[str, Any]]) -> list[Completion]:
-        """Sends one request per prompt, all at once (as the reference's
-        ``asyncio.gather`` does)."""
-        self.requests += len(prompts)
-        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
-            return list(pool.map(self._complete, prompts, params))
+        """Sends one request per token-id prompt, all at once (as the
+        reference's ``asyncio.gather`` does)."""
+        choices = self._choices(
+            prompts, [dict(p, return_token_ids=True) for p in params])
+        return [
+            Completion(list(c["token_ids"]), c["finish_reason"])
+            for c in choices
+        ]
+
+    def generate_text(self, prompts: list[str],
+                      params: list[dict[str, Any]]) -> list[TextCompletion]:
+        """Sends one request per text prompt, all at once."""
+        return [
+            TextCompletion(c["text"], c["finish_reason"], c.get("stop_reason"))
+            for c in self._choices(prompts, params)
+        ]

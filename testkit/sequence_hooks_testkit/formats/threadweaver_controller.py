@@ -35,6 +35,8 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
+from sequence_hooks_testkit.formats.driver import Calls, drive
+
 OUTLINE_PATTERN = re.compile(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:")
 OUTLINES, OUTLINES_END, THREAD_END = "<Outlines>", "</Outlines>", "</Thread>"
 CLOSURE = "\n</Thread>"
@@ -115,9 +117,6 @@ class Rollout:
     # vLLM calls made and the prompt tokens they sent.
     calls: int = 0
     prompt_tokens: int = 0
-
-
-Calls = list[tuple[list[int], dict[str, Any]]]
 
 
 class ThreadWeaverController:
@@ -345,23 +344,5 @@ def run(controller: ThreadWeaverController,
         controller.rollout(prompt, one, window) for prompt in prompts
         for one in samplings
     ]
-    results: list[Optional[Rollout]] = [None] * len(rollouts)
-    waiting: dict[int, Calls] = {}
-
-    def advance(i: int, sent: Optional[list[Completion]]) -> None:
-        try:
-            waiting[i] = (next(rollouts[i])
-                          if sent is None else rollouts[i].send(sent))
-        except StopIteration as stop:
-            results[i] = stop.value
-            waiting.pop(i, None)
-
-    for i in range(len(rollouts)):
-        advance(i, None)
-    while waiting:
-        order = [(i, call) for i, calls in waiting.items() for call in calls]
-        done = backend.generate([c[0] for _, c in order],
-                                [c[1] for _, c in order])
-        for i in list(waiting):
-            advance(i, [d for (j, _), d in zip(order, done) if j == i])
+    results = drive(rollouts, backend.generate)
     return [results[k * n:(k + 1) * n] for k in range(len(prompts))]

