@@ -26,7 +26,8 @@ import requests
 from vllm_sequence_hooks.config import (CONFIG_KEY, MIDDLEWARE, REQUEST_CHECK,
                                         SCHEDULER_CLS)
 
-from sequence_hooks_testkit.server import stop_server, wait_healthy
+from sequence_hooks_testkit.server import (spawn_logged, stop_server,
+                                           wait_healthy)
 from sequence_hooks_testkit.v1_engines import MASKED_IDS
 from sequence_hooks_testkit.v1_scripted_logits import (SCRIPT_KEY,
                                                        STEP_DELAY_ENV,
@@ -146,15 +147,13 @@ def start_hooked_v1_server(
         env[PROMETHEUS_DIR_ENV] = str(prometheus_dir)
     env[STEP_DELAY_ENV] = str(step_delay_s)
     log_path = work_dir / "server.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(serve_command(model_path,
-                                                 port,
-                                                 extra_args,
-                                                 five_flags=five_flags),
-                                   env=env,
-                                   stdout=log,
-                                   stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+    process = spawn_logged(serve_command(model_path,
+                                         port,
+                                         extra_args,
+                                         five_flags=five_flags),
+                           log_path,
+                           env=env,
+                           start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(process, url, log_path, start_timeout_s)
