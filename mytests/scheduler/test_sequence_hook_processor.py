@@ -192,6 +192,32 @@ def test_parent_finishing_aborts_its_live_children(harness, hook_ids):
     assert harness.seq_id_to_seq_group == {}
 
 
+def test_the_hooks_own_aborts_do_not_come_back_to_them(harness, hook_ids,
+                                                       monkeypatch):
+    """A parent's finish aborts its live child through the scheduler
+    (`abort_tree_groups`), which does not report it back to the hooks: the
+    coordinator decided it and is not called again. An abort from outside
+    is reported once per group of the tree."""
+    hooks = harness.scheduler.hooks
+    reported = []
+    aborted = hooks.aborted
+    monkeypatch.setattr(
+        hooks, "aborted", lambda group:
+        (reported.append(group.request_id), aborted(group)))
+    parent = start(harness)
+    harness.step({"0": hook_ids.promise})
+    child = harness.live_group(children_of(parent)[0].request_id)
+    harness.step({"0": hook_ids.eos})
+    assert child.first_seq.status == SequenceStatus.FINISHED_ABORTED
+    assert reported == []
+
+    other = start(harness, request_id="1")
+    harness.step({"1": hook_ids.promise})
+    other_child = children_of(other)[0].request_id
+    harness.scheduler.abort_seq_group("1", harness.seq_id_to_seq_group)
+    assert sorted(reported) == ["1", other_child]
+
+
 def test_aborting_the_request_aborts_the_whole_tree(harness, hook_ids):
     free_before = harness.free_blocks()
     parent = start(harness)
