@@ -179,8 +179,7 @@ def test_a_sync_whose_children_all_finished_merges_at_once():
     engine.sample("r", PROMISE)
     engine.sample("r/promise-0", A)
     finish(engine, "r/promise-0")
-    engine.sample("r", SYNC)
-    assert not engine.members["r"].parked
+    assert engine.sample("r", SYNC) == [Resume("r", (A, ), 0.0, None)]
     assert engine.members["r"].tokens[-2:] == [SYNC, A]
     assert engine.metrics.syncs_blocked.value == 0
 
@@ -188,12 +187,12 @@ def test_a_sync_whose_children_all_finished_merges_at_once():
 def test_a_sync_with_nothing_to_merge_is_an_ordinary_token():
     engine = FakeEngine()
     start(engine)
-    engine.sample("r", SYNC)
+    assert engine.sample("r", SYNC) == []
     engine.sample("r", PROMISE)
     finish(engine, "r/promise-0")
-    engine.sample("r", SYNC)
-    engine.sample("r", SYNC)
-    assert len(engine.resumes) == 1
+    # The child wrote nothing: its merge appends nothing.
+    assert engine.sample("r", SYNC) == [Resume("r", (), 0.0, None)]
+    assert engine.sample("r", SYNC) == []
     assert not engine.members["r"].parked
 
 
