@@ -46,7 +46,7 @@ def start_data_parallel_server(
 
     Args:
         model_path: The tiny model's folder.
-        work_dir: An empty folder for the log and the metrics' files.
+        work_dir: An empty folder for the log.
         engines: `--data-parallel-size`.
         step_delay_s: Seconds added to each engine step (`StepDelayV1`).
         tensor_parallel: `--tensor-parallel-size` of each engine core. The
