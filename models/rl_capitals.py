@@ -79,6 +79,7 @@ from sequence_hooks_testkit.training import (  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EVAL = ROOT / "models" / "rl_eval.py"
+SCORES = ROOT / "models" / "rl_token_scores.py"
 SPECIAL_KWARGS = dict(sync_token=task.SYNC,
                       promise_token=task.PROMISE,
                       child_role_token=task.CHILD)
@@ -102,6 +103,9 @@ BETA = 0.04
 # unit-size advantages in a group tied on capitals).
 SCALE_REWARDS = "none"
 SEED = 0
+# The starting model's common token set (`rl_token_scores`), in the
+# checkpoints' folder: written when it is evaluated, read for each arm.
+COMMON_SET = "smollm2-promise-common-set.json"
 # The smoke check's bound on the trainer's and the engine's logprob of a
 # trained token (fp32 on both sides; the RL suite's tolerance).
 LOGPROB_TOLERANCE = 1e-3
@@ -233,8 +237,11 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
-def make_trainer(arm: str, steps: int, generations: int,
-                 out: Path) -> PromiseTreeGRPOTrainer:
+def make_trainer(arm: str,
+                 steps: int,
+                 generations: int,
+                 out: Path,
+                 dataset: Optional[Dataset] = None) -> PromiseTreeGRPOTrainer:
     """The arm's trainer over the fine-tuned checkpoint (fp32 on both
     sides), with the pre-registered settings.
 
@@ -243,6 +250,8 @@ def make_trainer(arm: str, steps: int, generations: int,
         steps: Training steps.
         generations: Trees per task.
         out: The trainer's output folder.
+        dataset: Prompts taken in their order (default: the arm's
+            `training_dataset`, shuffled by the seed).
 
     Returns:
         The trainer, its engine started.
@@ -278,6 +287,7 @@ def make_trainer(arm: str, steps: int, generations: int,
         save_strategy="no",
         report_to=[],
         seed=SEED,
+        shuffle_dataset=dataset is None,
         disable_tqdm=True,
     )
     model_dir = prepare.model_dir()
@@ -286,14 +296,15 @@ def make_trainer(arm: str, steps: int, generations: int,
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(model_dir))
     bonus = functools.partial(critical_path_bonus, max_tokens=MAX_TOKENS)
     bonus.__name__ = critical_path_bonus.__name__
-    trainer = PromiseTreeGRPOTrainer(model=model,
-                                     processing_class=tokenizer,
-                                     reward_funcs=[capitals_reward, bonus],
-                                     args=config,
-                                     train_dataset=training_dataset(
-                                         arm, steps),
-                                     special_kwargs=SPECIAL_KWARGS,
-                                     train_children=arm != "B")
+    trainer = PromiseTreeGRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=[capitals_reward, bonus],
+        args=config,
+        train_dataset=training_dataset(arm, steps)
+        if dataset is None else dataset,
+        special_kwargs=SPECIAL_KWARGS,
+        train_children=arm != "B")
     # stdout is for the one JSON line: no per-step dicts there
     # (`StepLog` marks each step on stderr).
     trainer.remove_callback(transformers.PrinterCallback)
@@ -415,18 +426,23 @@ def train(arm: str, steps: int, minutes: Optional[float],
     return part
 
 
-def evaluate(checkpoint: Path) -> dict:
+def evaluate(checkpoint: Path, common_set: Path) -> dict:
     """`rl_eval.py` on ``checkpoint`` in a process of its own (a second
-    engine in this one would compute wrong logits).
+    engine in this one would compute wrong logits), then its entropy and
+    KL to the starting model on the common token set
+    (`rl_token_scores.py`, another process).
 
     Args:
         checkpoint: A checkpoint folder.
+        common_set: The starting model's common set, written there when
+            the checkpoint is the starting model's.
 
     Returns:
-        ``eval_seconds``, ``tasks`` and ``per_task``.
+        ``eval_seconds``, ``tasks``, ``per_task`` and
+        ``common_set_scores``.
     """
     with tempfile.TemporaryDirectory() as out:
-        results = Path(out) / "results.json"
+        results, scores = Path(out) / "results.json", Path(out) / "scores"
         subprocess.run([
             sys.executable,
             str(EVAL), "--model",
@@ -436,10 +452,24 @@ def evaluate(checkpoint: Path) -> dict:
                        check=True,
                        stdout=sys.stderr)
         evaluated = json.loads(results.read_text())
+        if checkpoint == prepare.model_dir():
+            common_set.write_text(json.dumps(evaluated["common_set"]) + "\n")
+        subprocess.run([
+            sys.executable,
+            str(SCORES), "--model",
+            str(checkpoint), "--reference",
+            str(prepare.model_dir()), "--set",
+            str(common_set), "--out",
+            str(scores)
+        ],
+                       check=True,
+                       stdout=sys.stderr)
+        common_scores = json.loads(scores.read_text())
     return {
         "eval_seconds": evaluated["seconds"],
         "tasks": evaluated["tasks"],
         "per_task": evaluated["per_task"],
+        "common_set_scores": common_scores,
     }
 
 
@@ -545,7 +575,8 @@ def main() -> None:
         # Recorded before the evaluation, which can be rerun on its own.
         record(args.results, args.plot, name,
                train(args.arm, args.steps, args.minutes, checkpoint))
-    summary = record(args.results, args.plot, name, evaluate(checkpoint))
+    summary = record(args.results, args.plot, name,
+                     evaluate(checkpoint, args.checkpoints / COMMON_SET))
     part = summary["before"] if name == "before" else summary["arms"][name]
     print(
         json.dumps({

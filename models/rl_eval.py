@@ -11,6 +11,11 @@ root's), ``cut`` (ended by the token limit), ``critical_path`` (decoding
 steps, `PromiseNode.critical_path`; a text with no tree: its tokens) and
 ``tokens`` (sampled tokens over every node).
 
+It also keeps the common token set's trees: the first
+`rl_token_scores.COMMON_TASKS` tasks of each half and form, every node's
+tokens (`rl_token_scores.compact_tree`); the starting model's are the set
+every checkpoint's entropy and KL are scored on.
+
 Run in its own process (`rl_capitals.py` does): a second engine in the
 trainer's process would compute wrong logits.
 
@@ -26,6 +31,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 # Before vLLM is imported: no hub access; the evaluation's own KV cache
 # (GiB), whatever its caller's (the trainer's is 1).
@@ -34,6 +40,7 @@ os.environ["VLLM_CPU_KVCACHE_SPACE"] = "2"
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 import rl_experiment as experiment  # noqa: E402
+import rl_token_scores as token_scores  # noqa: E402
 from vllm_sequence_hooks import hooked_engine_args, promise_tree  # noqa: E402
 
 from sequence_hooks_testkit.training import capitals_task as task  # noqa: E402
@@ -101,7 +108,9 @@ def evaluate(model: Path, num_tasks: int, with_texts: bool = False) -> dict:
 
     Returns:
         ``seconds`` (generation only), ``tasks`` (`evaluation_tasks`'
-        rows) and ``per_task`` (a row each, in order).
+        rows), ``per_task`` (a row each, in order) and ``common_set``
+        (``cells`` and ``trees``: each half and form's first
+        `COMMON_TASKS` tasks, `compact_tree`).
     """
     llm = LLM(model=str(model),
               dtype="float32",
@@ -128,6 +137,13 @@ def evaluate(model: Path, num_tasks: int, with_texts: bool = False) -> dict:
     start = time.monotonic()
     outputs = llm.generate(prompts, greedy, use_tqdm=False)
     seconds = time.monotonic() - start
+    marker = tokenizer.convert_tokens_to_ids(task.CHILD)
+    # The common token set: each half and form's first tasks.
+    common: list[tuple[str, Any]] = []
+    for t, output in zip(tasks, outputs):
+        cell = f"{t['half']}_{t['form']}"
+        if sum(c == cell for c, _ in common) < token_scores.COMMON_TASKS:
+            common.append((cell, output))
     return {
         "seconds":
         round(seconds, 1),
@@ -137,6 +153,15 @@ def evaluate(model: Path, num_tasks: int, with_texts: bool = False) -> dict:
             result_row(t["countries"], output, with_texts)
             for t, output in zip(tasks, outputs)
         ],
+        "common_set": {
+            "cells": [cell for cell, _ in common],
+            "trees": [
+                token_scores.compact_tree(output.prompt_token_ids,
+                                          promise_tree(output),
+                                          output.outputs[0].token_ids, marker)
+                for _, output in common
+            ],
+        },
     }
 
 

@@ -68,11 +68,11 @@ P4_MAX_DEFICIT_TO_C = 0.02
 # What a part of the results (before, A, B, C) holds as recorded; every
 # other figure is recomputed from these by `summarize`.
 RAW_KEYS = ("commit", "code_dirty", "steps", "minutes", "settings", "log",
-            "eval_seconds", "per_task")
+            "eval_seconds", "per_task", "common_set_scores")
 # The files the experiment's code is: a part records whether they differed
 # from its commit when it ran.
 CODE_FILES = ("models/rl_capitals.py", "models/rl_eval.py",
-              "models/rl_experiment.py",
+              "models/rl_experiment.py", "models/rl_token_scores.py",
               "testkit/sequence_hooks_testkit/training/capitals_task.py",
               "v1/rl/vllm_sequence_hooks_rl")
 
@@ -182,6 +182,48 @@ def sign_test_p(wins: int, losses: int) -> float:
     n, low = wins + losses, min(wins, losses)
     tail = sum(comb(n, i) for i in range(low + 1)) / 2**n
     return min(1.0, 2 * tail)
+
+
+def signed_rank_test_p(differences: list[float]) -> float:
+    """The exact two-sided Wilcoxon signed-rank test's p-value.
+
+    Zero differences are dropped; tied absolute values get their mean
+    rank; the p-value counts, over all 2^n equally likely assignments of
+    signs to the ranks, those whose positive rank sum is at least as far
+    from its mean n(n+1)/4 as the observed one.
+
+    Args:
+        differences: Paired differences (one a country).
+
+    Returns:
+        The two-sided p-value (1.0 when every difference is 0).
+    """
+    values = sorted(abs(d) for d in differences if d != 0)
+    if not values:
+        return 1.0
+    # Twice each mean rank: whole numbers, ties included.
+    doubled: dict[float, int] = {}
+    start = 0
+    while start < len(values):
+        end = start
+        while end < len(values) and values[end] == values[start]:
+            end += 1
+        doubled[values[start]] = start + 1 + end
+        start = end
+    nonzero = [d for d in differences if d != 0]
+    ranks = [doubled[abs(d)] for d in nonzero]
+    observed = sum(rank for rank, d in zip(ranks, nonzero) if d > 0)
+    # Ways to reach each doubled positive rank sum.
+    ways = {0: 1}
+    for rank in ranks:
+        grown = dict(ways)
+        for total, count in ways.items():
+            grown[total + rank] = grown.get(total + rank, 0) + count
+        ways = grown
+    centre = sum(ranks) / 2
+    extreme = sum(count for total, count in ways.items()
+                  if abs(total - centre) >= abs(observed - centre))
+    return extreme / 2**len(ranks)
 
 
 def cell_figures(tasks: list[dict], rows: list[dict]) -> dict:
@@ -376,7 +418,8 @@ def summarize(results: dict) -> dict:
         ``commit`` (the starting model's evaluation's), ``tasks``,
         ``before`` and ``arms`` with their figures, per arm the
         country-level changes per cell (``countries``) and its KL,
-        ``criteria`` and the arms' ``comparisons``.
+        ``criteria``, the arms' ``comparisons`` and ``packing`` (tree
+        packing's cost, if measured).
     """
     tasks = results["tasks"]
 
@@ -411,6 +454,11 @@ def summarize(results: dict) -> dict:
         "before": before,
         "criteria": criteria(before, evaluated) if before else None,
         "comparisons": comparisons(tasks, evaluated),
+        # Measured apart from the arms (`rl_packing.py`), kept as written.
+        **{
+            key: results[key]
+            for key in ("packing", ) if key in results
+        },
         "tasks": tasks,
     }
 

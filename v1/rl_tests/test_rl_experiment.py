@@ -68,6 +68,22 @@ def test_the_sign_test_is_exact_and_two_sided():
     assert experiment.sign_test_p(0, 0) == 1.0
 
 
+def test_the_signed_rank_test_is_exact_two_sided_and_takes_ties():
+    # Six differences all one way: 2 of the 64 sign assignments are as
+    # extreme (all positive, all negative).
+    assert experiment.signed_rank_test_p([0.1 * k
+                                          for k in range(1, 7)]) == 2 / 64
+    # Zeros dropped; the test is symmetric in the sign.
+    assert experiment.signed_rank_test_p(
+        [0, 0.3, 0.1,
+         0.2]) == experiment.signed_rank_test_p([-0.3, -0.1, -0.2])
+    # Ties share their mean rank: ranks 1.5, 1.5, 3 with signs -, +, +
+    # give a positive sum of 4.5 against a mean of 3; the sums as far
+    # out are 4.5, 6, 1.5 and 0 (1.5 twice, 4.5 twice): 6 of 8.
+    assert experiment.signed_rank_test_p([-0.1, 0.1, 0.2]) == 6 / 8
+    assert experiment.signed_rank_test_p([0, 0]) == 1.0
+
+
 # Two countries per half, two tasks per cell.
 TASKS = [{
     "half": half,

@@ -45,11 +45,20 @@ def config(tmp_path, **changes) -> GRPOConfig:
               scale_rewards="none",
               multi_objective_aggregation="normalize_then_sum"),
          "'normalize_then_sum'"),
+        (dict(loss_type="vespo"), "packed=True .*loss_type='vespo'"),
+        (dict(importance_sampling_level="sequence", loss_type="cispo"),
+         "packed=True .*importance_sampling_level='sequence'"),
+        (dict(off_policy_mask_threshold=0.5),
+         "packed=True .*off_policy_mask_threshold"),
+        (dict(mask_truncated_completions=True),
+         "packed=True .*mask_truncated_completions"),
     ],
     ids=[
         "no-vllm", "server", "sleep-mode", "tensor-parallel", "loss-grpo",
         "loss-bnpo", "small-reward-group-scaled", "small-reward-batch-scaled",
-        "small-penalty-group-scaled", "small-reward-normalized-per-function"
+        "small-penalty-group-scaled", "small-reward-normalized-per-function",
+        "packed-vespo", "packed-sequence-ratio", "packed-off-policy-mask",
+        "packed-truncation-mask"
     ])
 def test_a_setting_it_cannot_train_is_refused(model, tmp_path, changes,
                                               reason):
@@ -75,6 +84,14 @@ def test_a_reward_scaled_or_weighted_safely_is_accepted(
     # The checks that run before TRL builds anything pass (the trainer's
     # construction would start an engine).
     settings.check_config(model, config(tmp_path, **changes))
+
+
+def test_per_row_settings_are_accepted_with_a_row_per_node(model, tmp_path):
+    settings.check_config(model,
+                          config(tmp_path,
+                                 loss_type="vespo",
+                                 mask_truncated_completions=True),
+                          packed=False)
 
 
 def test_a_model_name_is_refused(real_model, tmp_path):

@@ -3,7 +3,9 @@
 """GRPO on promise trees (`vllm_sequence_hooks_rl`) with TRL 1.16 and the
 hooked V1 engine colocated in process, on the real promise model (fp32).
 
-One trainer for the module; the tests run in order, the last trains.
+One trainer for the module; the tests run in order, the last trains
+(packed, the default). Per-node rows (``packed=False``) are tested
+alike, and a packed tree's loss and gradients against them.
 """
 
 import logging
@@ -14,6 +16,7 @@ import torch
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig
+from trl.trainer.utils import split_tensor_dict
 from vllm_sequence_hooks_rl import TREE_KEY, PromiseTreeGRPOTrainer
 
 from sequence_hooks_testkit.training import capitals_task as task
@@ -23,6 +26,10 @@ from sequence_hooks_testkit.training import capitals_task as task
 # and transformers' eager attention round differently).
 LOGPROB_TOLERANCE = 1e-3
 GENERATIONS = 2
+# Largest relative difference between a packed tree's loss, or a
+# parameter's gradient (its norm), and per-node rows' (fp32; attention
+# over the same keys summed in another order and with masked ones).
+PACKED_TOLERANCE = 1e-4
 SPECIAL_KWARGS = dict(sync_token=task.SYNC,
                       promise_token=task.PROMISE,
                       child_role_token=task.CHILD)
@@ -89,8 +96,8 @@ def model_logprobs(model, context, tokens) -> torch.Tensor:
 
 
 def rows_of(trainer, prompts):
-    """`_generate`'s rows (roots first, then children, then fillers),
-    their trees and each row's root."""
+    """`_generate`'s rows (per-node: roots first, then children, then
+    fillers; packed: one a tree), their trees and each row's root."""
     (prompt_ids, completion_ids, masks, _, logprobs, extra, _,
      _) = trainer._generate(prompts)
     rows = list(zip(prompt_ids, completion_ids, masks, logprobs))
@@ -107,7 +114,8 @@ def child_contexts(tree, context, marker):
         yield from child_contexts(child, child_context, marker)
 
 
-def test_every_node_is_a_row_in_its_own_context(trainer):
+def test_every_node_is_a_row_in_its_own_context(trainer, monkeypatch):
+    monkeypatch.setattr(trainer, "packed", False)
     tokenizer = trainer.processing_class
     marker = tokenizer.convert_tokens_to_ids(task.CHILD)
     prompts = [task.messages_of(t) for t in tasks(2)]
@@ -136,7 +144,29 @@ def test_every_node_is_a_row_in_its_own_context(trainer):
         assert mask == [int(sampled) for sampled in node.sampled_mask]
 
 
-def test_trained_tokens_have_the_engines_logprobs_merged_ones_none(trainer):
+def test_a_packed_row_is_the_root_then_each_childs_head_and_tokens(trainer):
+    tokenizer = trainer.processing_class
+    marker = tokenizer.convert_tokens_to_ids(task.CHILD)
+    prompts = [task.messages_of(t) for t in tasks(2)]
+    rows, trees, roots = rows_of(trainer, prompts)
+    assert roots == list(range(len(trees)))
+    for (prompt_ids, completion_ids, mask, logprobs), tree in zip(rows, trees):
+        assert tree is not None and tree.children, "the model promises"
+        expected = list(tree.token_ids)
+        expected_mask = [int(sampled) for sampled in tree.sampled_mask]
+        for node, _ in child_contexts(tree, prompt_ids, marker):
+            if node.token_ids:
+                expected += [marker] + list(node.token_ids)
+                expected_mask += [0] + [int(s) for s in node.sampled_mask]
+        assert completion_ids == expected
+        assert mask == expected_mask
+        assert all(lp == 0.0 for lp, m in zip(logprobs, mask) if not m)
+
+
+def test_trained_tokens_have_the_engines_logprobs_merged_ones_none(
+        trainer, monkeypatch):
+    # Per-node rows (a packed row's, through TRL's forward: below).
+    monkeypatch.setattr(trainer, "packed", False)
     prompts = [task.messages_of(t) for t in tasks(2)]
     rows, _, roots = rows_of(trainer, prompts)
     largest, merged = 0.0, 0
@@ -163,7 +193,13 @@ def sampled_tokens(tree, root_ids) -> int:
         sampled_tokens(child, ()) for child in tree.children)
 
 
-def test_each_child_row_gets_its_roots_advantage(trainer, monkeypatch):
+@pytest.mark.parametrize("packed", [False, True])
+def test_each_child_row_gets_its_roots_advantage(trainer, monkeypatch, packed):
+    """Per-node rows: each child's row its root's advantage; packed: one
+    row a tree. Either way the loss counts the tokens the engine sampled
+    and TRL's recomputed logprobs (a packed row's through its tree mask)
+    are the engine's."""
+    monkeypatch.setattr(trainer, "packed", packed)
     inputs = [{
         "prompt": task.messages_of(t)
     } for t in tasks(1) for _ in range(GENERATIONS)]
@@ -179,7 +215,8 @@ def test_each_child_row_gets_its_roots_advantage(trainer, monkeypatch):
     batch = trainer._generate_and_score_completions(inputs)
     roots = trainer._row_roots
     advantages = batch["advantages"]
-    assert len(roots) == len(advantages) > len(inputs)
+    assert len(roots) == len(advantages)
+    assert (len(advantages) == len(inputs)) == packed
     assert advantages[:len(inputs)].abs().sum() > 0
     for row, root in enumerate(roots.tolist()):
         expected = 0.0 if root < 0 else advantages[root]
@@ -253,6 +290,60 @@ def test_a_small_spread_scaled_to_unit_size_is_warned_about(
     } for prompt in prompts], prompts, ["x"] * GENERATIONS,
                                [[1]] * GENERATIONS)
     assert not caplog.records
+
+
+def loss_and_gradients(trainer, inputs) -> tuple[float, dict]:
+    """A generation batch's loss and every trained parameter's gradient,
+    as one optimizer step takes them: TRL's micro-batches, each loss
+    normalized by the whole batch's tokens, summed."""
+    trainer.model.zero_grad()
+    batch = trainer._generate_and_score_completions(inputs)
+    loss = 0.0
+    for part in split_tensor_dict(batch, trainer.args.steps_per_generation):
+        part_loss = trainer._compute_loss(trainer.model, part)
+        part_loss.backward()
+        loss += part_loss.item()
+    gradients = {
+        name: param.grad.clone()
+        for name, param in trainer.model.named_parameters()
+        if param.grad is not None
+    }
+    trainer.model.zero_grad()
+    return loss, gradients
+
+
+def test_a_packed_tree_has_the_per_node_rows_loss_and_gradients(
+        trainer, monkeypatch):
+    # Two tasks in one group: the model's samples of one task are often
+    # the same tree, whose opposite advantages would cancel every
+    # gradient to rounding noise.
+    inputs = [{"prompt": task.messages_of(t)} for t in tasks(GENERATIONS)]
+    trainer.model.train()
+    # As `Trainer.train` sets it: the loss's share of one optimizer step.
+    monkeypatch.setattr(trainer,
+                        "current_gradient_accumulation_steps",
+                        trainer.args.gradient_accumulation_steps,
+                        raising=False)
+    # One rollout for both layouts: the engine's trees, replayed.
+    sampled = trainer.rollout_func([x["prompt"] for x in inputs], trainer)
+    assert all(tree is not None and tree.children
+               for tree in sampled[TREE_KEY])
+    monkeypatch.setattr(
+        trainer, "rollout_func", lambda prompts, _: {
+            k: list(v)
+            for k, v in sampled.items()
+        })
+    assert trainer.packed
+    packed_loss, packed = loss_and_gradients(trainer, inputs)
+    monkeypatch.setattr(trainer, "packed", False)
+    rows_loss, rows = loss_and_gradients(trainer, inputs)
+    assert packed_loss == pytest.approx(rows_loss,
+                                        rel=PACKED_TOLERANCE,
+                                        abs=1e-7)
+    assert packed.keys() == rows.keys() and len(rows) > 200
+    for name, gradient in rows.items():
+        difference = (packed[name] - gradient).norm()
+        assert difference <= PACKED_TOLERANCE * gradient.norm(), name
 
 
 def engine_prompt_logprobs(llm, ids) -> torch.Tensor:

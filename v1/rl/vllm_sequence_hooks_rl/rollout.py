@@ -19,6 +19,7 @@ import trl.generation.vllm_generation as trl_vllm_generation
 from trl import GRPOTrainer
 from vllm_sequence_hooks.config import hooked_engine_args, special_kwargs_of
 from vllm_sequence_hooks.outputs import promise_tree
+from vllm_sequence_hooks_rl.packing import node_row
 
 from sequence_hooks import PromiseNode, SpecialKwargs
 from sequence_hooks.training_records import SequenceRecord, training_records
@@ -102,14 +103,6 @@ def run_trees(
             (tree, [_root_record(output)] if tree is None else
              training_records(output.prompt_token_ids, tree, role_marker)))
     return trees
-
-
-def node_row(
-        record: SequenceRecord) -> tuple[list[int], list[float], list[int]]:
-    """A record's completion ids, logprobs (0.0 where merged) and mask."""
-    return (list(record.token_ids),
-            [0.0 if lp is None else lp for lp in record.logprobs
-             ], [int(sampled) for sampled in record.sampled_mask])
 
 
 def tree_rollout(prompts: list[Any], trainer: GRPOTrainer) -> dict:

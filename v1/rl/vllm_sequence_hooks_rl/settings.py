@@ -64,13 +64,16 @@ def small_spread_groups(rewards: torch.Tensor,
     return int(((spread > 0) & (spread < threshold)).sum())
 
 
-def check_config(model: Any, config: Optional[trl.GRPOConfig]) -> None:
+def check_config(model: Any,
+                 config: Optional[trl.GRPOConfig],
+                 packed: bool = True) -> None:
     """Refuses, before TRL builds anything, what `PromiseTreeGRPOTrainer`
     cannot train right.
 
     Args:
         model: The model passed to the trainer.
         config: Its `GRPOConfig`.
+        packed: Whether trees are trained as packed rows.
 
     Raises:
         ValueError: Naming the setting and why.
@@ -112,3 +115,24 @@ def check_config(model: Any, config: Optional[trl.GRPOConfig]) -> None:
             "weighted reward's differences into unit-size advantages "
             "whenever a group ties on the others; pass "
             "scale_rewards='none' with 'sum_then_normalize'")
+    # What TRL computes per row (a row is a whole tree when packed), beyond
+    # the sequence-level vLLM importance-sampling ratio the trainer makes
+    # per node.
+    per_row = {
+        "loss_type='vespo'":
+        config.loss_type == "vespo",
+        "importance_sampling_level='sequence'":
+        config.importance_sampling_level == "sequence",
+        "off_policy_mask_threshold":
+        config.off_policy_mask_threshold is not None,
+        "mask_truncated_completions":
+        config.mask_truncated_completions,
+        "a router's auxiliary loss (output_router_logits)":
+        getattr(model.config, "output_router_logits", False),
+    }
+    if packed and any(per_row.values()):
+        raise ValueError(
+            "PromiseTreeGRPOTrainer with packed=True trains each tree as "
+            "one row, so what TRL computes per row would take a whole tree "
+            f"for a node: {', '.join(k for k, v in per_row.items() if v)}; "
+            "pass packed=False (a row per node)")

@@ -17,21 +17,31 @@ engine hooked and every node of its promise-tree rollouts trained.
   rows out (roots only, their merged tokens still masked): the control
   that tells what training the children adds.
 
-TRL's batch holds one row per prompt; the trainer adds one row per child
-after TRL built the roots' rows (`_generate`), so TRL's own code computes
-every row's logprobs, reference logprobs, importance-sampling ratio and
-masks, and only the advantage is copied from the root
-(`_generate_and_score_completions`).
+The rows: by default each tree is one packed row (`packing`): the root's
+row with every child's tokens after it, each token attending only to
+what it was generated after, at its position in generation, so a parent's
+context is computed once for all its children. TRL's batch keeps one row
+per prompt; the forward passes (`_get_per_token_logps_and_entropies`) get
+the tree's mask and positions, and a sequence-level importance-sampling
+ratio is made per node, as per-node rows have it. ``packed=False`` gives
+each child a row of its own after the roots' rows (`_generate`), with its
+root's advantage copied (`_generate_and_score_completions`): the same
+loss and gradients (`v1/rl_tests/test_rl_packing.py`), at the cost of
+every parent's context once per child.
 """
 
 import logging
+import math
 from typing import Any, Optional
 
 import torch
 import trl
 from trl import GRPOTrainer
+from vllm_sequence_hooks_rl.packing import (fit, node_row, node_sums,
+                                            pack_tree, pad_layouts,
+                                            tree_attention)
 from vllm_sequence_hooks_rl.rollout import (CHILDREN_KEY, hooked_trl_engine,
-                                            node_row, tree_rollout)
+                                            tree_rollout)
 from vllm_sequence_hooks_rl.settings import (SMALL_REWARD_SPREAD, check_config,
                                              scales_advantages,
                                              small_spread_groups)
@@ -66,13 +76,17 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
     """`GRPOTrainer` that trains every node of its promise-tree rollouts.
 
     Its colocated engine is hooked (`hooked_trl_engine`) and its rollouts
-    are `tree_rollout`'s. Each child becomes a row of its own after the
-    roots' rows, in its own context, with its root's advantage.
+    are `tree_rollout`'s. Every node is trained in its own context, with
+    its root's advantage: a tree packed in one row, or each child in a
+    row of its own.
 
     Args:
         special_kwargs: The hooks' configuration.
         train_children: Whether children's rows are trained; False
             trains the roots' rows only (the trees are sampled the same).
+        packed: Each tree in one packed row (`packing`); False gives each
+            child a row of its own (the same loss and gradients, at more
+            compute).
         *args: `GRPOTrainer`'s; its ``model`` loaded (not a name), its
             ``args`` with ``use_vllm=True``, ``vllm_mode="colocate"``, a
             loss in `TOKEN_NORMALIZED_LOSSES`, no sleep mode, no tensor
@@ -87,6 +101,7 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
                  *args: Any,
                  special_kwargs: Any,
                  train_children: bool = True,
+                 packed: bool = True,
                  **kwargs: Any) -> None:
         if trl.__version__ not in SUPPORTED_TRL_VERSIONS:
             raise RuntimeError(
@@ -95,11 +110,17 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
                 f"{trl.__version__}: it overrides private members of "
                 "GRPOTrainer (TRL_SEAMS)")
         model = kwargs.get("model", args[0] if args else None)
-        check_config(model, kwargs.get("args"))
+        check_config(model, kwargs.get("args"), packed)
         kwargs.setdefault("rollout_func", tree_rollout)
         self.train_children = train_children
-        # Per generation batch: for each row, the root row it belongs to.
+        self.packed = packed
+        # Per generation batch: for each row, the root row it belongs to,
+        # and each root's own tokens (the rewards score those).
         self._row_roots: Optional[torch.Tensor] = None
+        self._root_lengths: list[int] = []
+        # The packed rows' layout (`packing`) the forward passes of the
+        # batch being scored or trained use; None for per-node rows.
+        self._layout: Optional[torch.Tensor] = None
         # The engine samples from the model being trained, in its dtype.
         with hooked_trl_engine(special_kwargs, dtype=model.dtype):
             super().__init__(*args, **kwargs)
@@ -138,15 +159,45 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
         (prompt_ids, completion_ids, tool_mask, completions, logprobs,
          extra_fields, images, tool_images) = super()._generate(prompts)
         children = extra_fields.pop(CHILDREN_KEY, [[]] * len(prompt_ids))
-        roots = list(range(len(prompt_ids)))
         if tool_mask is None:
             tool_mask = [[1] * len(ids) for ids in completion_ids]
         # A child aborted (its parent ended without syncing it) has no
         # tokens recorded: nothing of it to train.
         children = [[r for r in records if r.token_ids]
                     for records in children]
+        self._log_trees(tool_mask, children)
+        self._root_lengths = [len(ids) for ids in completion_ids]
+        self._row_roots = torch.arange(len(prompt_ids))
+        self._layout = None
+        if self.packed and self.train_children:
+            trees = [
+                pack_tree(len(prompt), row, records)
+                for prompt, *row, records in zip(prompt_ids, completion_ids,
+                                                 logprobs, tool_mask, children)
+            ]
+            completion_ids = [tree.completion_ids for tree in trees]
+            logprobs = [tree.logprobs for tree in trees]
+            tool_mask = [tree.mask for tree in trees]
+            self._layout = pad_layouts([tree.prev for tree in trees])
+        elif self.train_children:
+            roots = self._node_rows(prompt_ids, completion_ids, logprobs,
+                                    tool_mask, children)
+            self._row_roots = torch.tensor(roots)
+        return (prompt_ids, completion_ids, tool_mask, completions, logprobs,
+                extra_fields, images, tool_images)
+
+    def _node_rows(self, prompt_ids: list, completion_ids: list,
+                   logprobs: list, tool_mask: list,
+                   children: list[list[SequenceRecord]]) -> list[int]:
+        """Appends each child's row after the roots' rows, in place.
+
+        Returns:
+            Per row, the root row it belongs to (-1 for the rows that
+            train nothing, added so that TRL's split drops none).
+        """
+        roots = list(range(len(prompt_ids)))
         for root, records in enumerate(children):
-            for record in records if self.train_children else ():
+            for record in records:
                 ids, record_logprobs, mask = node_row(record)
                 prompt_ids.append(list(record.context_token_ids))
                 completion_ids.append(ids)
@@ -161,29 +212,31 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
             logprobs.append(logprobs[0][:1])
             tool_mask.append([0])
             roots.append(-1)
-        self._row_roots = torch.tensor(roots)
-        self._log_trees(children, tool_mask, roots)
-        return (prompt_ids, completion_ids, tool_mask, completions, logprobs,
-                extra_fields, images, tool_images)
+        return roots
 
-    def _log_trees(self, children: list[list[SequenceRecord]],
-                   masks: list[list[int]], roots: list[int]) -> None:
+    def _log_trees(self, root_masks: list[list[int]],
+                   children: list[list[SequenceRecord]]) -> None:
         """Logs a generation batch's trees with TRL's metrics: trees,
         children (trained or not), trained tokens and merged tokens
-        masked out in the rows trained."""
+        masked out in the nodes trained."""
         metrics = self._metrics["train" if self.model.training else "eval"]
-        real = [mask for mask, root in zip(masks, roots) if root >= 0]
+        masks = [list(mask) for mask in root_masks]
+        if self.train_children:
+            masks += [r.sampled_mask for records in children for r in records]
         metrics["promise_tree/trees"].append(len(children))
         metrics["promise_tree/children"].append(sum(map(len, children)))
-        metrics["promise_tree/trained_tokens"].append(sum(map(sum, real)))
+        metrics["promise_tree/trained_tokens"].append(sum(map(sum, masks)))
         metrics["promise_tree/merged_tokens"].append(
-            sum(len(mask) - sum(mask) for mask in real))
+            sum(len(mask) - sum(mask) for mask in masks))
 
     def _calculate_rewards(self, inputs, prompts, completions,
                            completion_ids_list):
-        # Rewards score the roots (the rows TRL made, one per prompt).
-        rewards = super()._calculate_rewards(
-            inputs, prompts, completions, completion_ids_list[:len(prompts)])
+        # Rewards score the roots' own tokens (the rows TRL made, one per
+        # prompt; a packed row's children come after its root's tokens).
+        rewards = super()._calculate_rewards(inputs, prompts, completions, [
+            ids[:length]
+            for ids, length in zip(completion_ids_list, self._root_lengths)
+        ])
         generations = (self.num_generations
                        if self.model.training else self.num_generations_eval)
         if scales_advantages(self.args) and generations > 1:
@@ -201,9 +254,96 @@ class PromiseTreeGRPOTrainer(GRPOTrainer):
         return rewards
 
     def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            layout = self._layout
+        finally:
+            self._layout = None
         roots = self._row_roots.to(output["advantages"].device)
         advantages = output["advantages"][roots.clamp(min=0)]
         output["advantages"] = torch.where(roots >= 0, advantages,
                                            torch.zeros_like(advantages))
+        if layout is not None:
+            layout = fit(layout, output["completion_ids"].size(1))
+            output["tree_layout"] = layout.to(output["completion_ids"].device)
+            ratio = output.get("importance_sampling_ratio")
+            if ratio is not None and ratio.size(1) == 1:
+                output["importance_sampling_ratio"] = self._per_node_ratio(
+                    output, output["tree_layout"])
         return output
+
+    def _per_node_ratio(self, output: dict,
+                        layout: torch.Tensor) -> torch.Tensor:
+        """TRL's sequence-level importance-sampling ratio (engine against
+        trainer), made per node of a packed row, as a per-node row has it
+        (TRL's would be the whole tree's).
+
+        Args:
+            output: The scored batch (`old_per_token_logps`,
+                `sampling_per_token_logps`, the masks).
+            layout: Its rows' layout.
+
+        Returns:
+            (rows, C): each token's node's ratio, truncated or masked as
+            `vllm_importance_sampling_mode` says.
+        """
+        mask = output["completion_mask"] * output.get("tool_mask", 1)
+        difference = torch.nan_to_num(
+            (output["old_per_token_logps"] -
+             output["sampling_per_token_logps"]) * mask,
+            nan=0.0)
+        ratio = torch.exp(node_sums(difference, layout))
+        low = self.vllm_importance_sampling_clip_min
+        high = self.vllm_importance_sampling_clip_max
+        if self.vllm_importance_sampling_mode == "sequence_truncate":
+            return torch.clamp(ratio, min=low, max=high)
+        low = -math.inf if low is None else low
+        high = math.inf if high is None else high
+        return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+    def _compute_loss(self, model, inputs):
+        self._layout = inputs.get("tree_layout")
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._layout = None
+
+    def _get_per_token_logps_and_entropies(self,
+                                           model,
+                                           input_ids,
+                                           attention_mask,
+                                           logits_to_keep,
+                                           batch_size=None,
+                                           compute_entropy=False,
+                                           compute_aux_loss=False,
+                                           **kwargs):
+        if self._layout is None:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size,
+                compute_entropy, compute_aux_loss, **kwargs)
+        # TRL's forward (fused LM head: logprobs and entropies without the
+        # full logits) with each packed row's tree mask and positions.
+        layout = fit(self._layout, logits_to_keep)
+        prompt_mask = attention_mask[:, :-logits_to_keep]
+        batch_size = batch_size or input_ids.size(0)
+        logps, entropies = [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            rows = slice(start, start + batch_size)
+            mask, positions = tree_attention(prompt_mask[rows].cpu(),
+                                             layout[rows].cpu(), model.dtype)
+            # Every completion token is scored (a head's score is never
+            # trained: its mask is 0), the prompt and padding are not.
+            labels = input_ids[rows].masked_fill(attention_mask[rows] == 0,
+                                                 -100)
+            labels[:, :-logits_to_keep] = -100
+            with self.accelerator.autocast():
+                outputs = model(input_ids=input_ids[rows],
+                                attention_mask=mask.to(input_ids.device),
+                                position_ids=positions.to(input_ids.device),
+                                labels=labels,
+                                fused_lm_head=True)
+            logps.append(outputs.log_probs[:, -logits_to_keep:])
+            if compute_entropy:
+                entropies.append(outputs.entropy[:, -logits_to_keep:])
+        return (torch.cat(logps),
+                torch.cat(entropies) if compute_entropy else None, None)
