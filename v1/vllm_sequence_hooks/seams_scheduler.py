@@ -25,8 +25,8 @@ SCHEDULER_SEAMS: tuple[Seam, ...] = (
     # The scheduler: overridden methods.
     Seam(
         f"{_SCHED}.__init__", "overrides",
-        "`ParkingScheduler` and `SequenceHookScheduler` add their state "
-        "after it and read what it sets; `SequenceHookScheduler.__new__` "
+        "`SequenceHookScheduler` adds its hooks and KV parking after it, "
+        "which read what it sets; `SequenceHookScheduler.__new__` "
         "finds `vllm_config` by this name (keyword or first)", NEVER_GIVEN),
     Seam(
         f"{_SCHED}.schedule", "overrides",
@@ -80,7 +80,7 @@ SCHEDULER_SEAMS: tuple[Seam, ...] = (
         "deferred, never scheduled", _PARK),
     Seam(
         f"{_SCHED}._handle_stopped_request", "relies on",
-        "`ParkingScheduler.park` repeats how it drops a finished "
+        "`KvParking.park` repeats how it drops a finished "
         "streaming turn's step in flight (async scheduling) and queues the "
         "session itself (0.33's leaves the queueing to "
         "`update_from_output`)", _PARK),
@@ -147,7 +147,7 @@ SCHEDULER_SEAMS: tuple[Seam, ...] = (
         "vllm.v1.core.sched.request_queue:FCFSRequestQueue.{clear,extend}",
         "calls", "`critical_path_first`: an FCFS waiting queue (a deque) is "
         "put in critical-path order in place before each step "
-        "(`SequenceHookScheduler._order_queues`)",
+        "(`scheduler.order_queues`)",
         "upstream V1 orders its queues by a plugin's key"),
     Seam(
         "vllm.v1.core.sched.request_queue:RequestQueue.add_request", "calls",
