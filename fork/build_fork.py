@@ -366,13 +366,12 @@ def assemble(target: str) -> str:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--check-patches",
-                        action="store_true",
-                        help="only check that the series applies with zero "
-                        "fuzz to pristine upstream")
-    parser.add_argument("--if-stale",
-                        action="store_true",
-                        help="do nothing if the tree is up to date")
+    for switch, meaning in (
+        ("--check-patches", "only check that the series applies with zero "
+         "fuzz to pristine upstream"),
+        ("--if-stale", "do nothing if the tree is up to date"),
+    ):
+        parser.add_argument(switch, action="store_true", help=meaning)
     parser.add_argument("--fetch",
                         nargs=3,
                         metavar=("PROJECT", "FILENAME", "SHA256"),

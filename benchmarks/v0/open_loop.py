@@ -62,7 +62,8 @@ from functools import partial
 from typing import Callable, Optional
 
 from sequence_hooks_testkit.bench.client_join import EngineSender, JoinTask
-from sequence_hooks_testkit.bench.runs import prepare, report
+from sequence_hooks_testkit.bench.runs import (add_engine_options, prepare,
+                                               report)
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from sequence_hooks_testkit.scripted_hooks import ScriptedHooks
 
@@ -81,6 +82,9 @@ JOIN_ENGINE_OPTIONS = {
     "disable_async_output_proc": True,
 }
 PROMPTS = ["the cat sees", "one two three", "big red dog", "a small bird"]
+# `--model`: what it names and its default.
+MODEL_HELP = ("model folder with <sync>, <promise> and <child> tokens "
+              "(default: the tiny test model)")
 
 
 @dataclass
@@ -525,10 +529,7 @@ def compare(llms, runners, schedule: list[Arrival], args,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model",
-                        help="model folder with <sync>, <promise> and "
-                        "<child> tokens (default: the tiny test model)")
-    parser.add_argument("--dtype", default="float32")
+    add_engine_options(parser, MODEL_HELP)
     parser.add_argument("--block-size",
                         type=int,
                         help="KV block size (default: the platform's)")

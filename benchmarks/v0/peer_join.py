@@ -56,7 +56,8 @@ from sequence_hooks_testkit.bench.client_join import (EngineSender, JoinTask,
                                                       scripted_options)
 from sequence_hooks_testkit.bench.client_join_http import (
     HttpSender, client_session, run_join, server_max_model_len)
-from sequence_hooks_testkit.bench.runs import prepare, print_table
+from sequence_hooks_testkit.bench.runs import (add_engine_options, prepare,
+                                               print_table)
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from sequence_hooks_testkit.server import (HOOKS_JSON, running_server,
@@ -73,6 +74,9 @@ TINY_MAX_MODEL_LEN = 1024
 # Tokens of the model length a tiny prompt may take.
 TINY_PROMPT_ROOM = 64
 REAL_MAX_TOKENS = 256
+# `--model`: what it names and its default.
+MODEL_HELP = ("a promise-speaking model's folder (default: the tiny test "
+              "model, scripted)")
 
 
 @dataclass
@@ -579,10 +583,7 @@ def over_http(workload: Workload, block_size: int, args, folder: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model",
-                        help="a promise-speaking model's folder "
-                        "(default: the tiny test model, scripted)")
-    parser.add_argument("--dtype", default="float32")
+    add_engine_options(parser, MODEL_HELP)
     parser.add_argument("--max-model-len",
                         type=int,
                         default=1024,

@@ -547,22 +547,18 @@ def main() -> None:
                         "V1's CPU attention takes multiples of 32 only")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--calibration-rounds", type=int, default=2)
-    parser.add_argument("--quick",
-                        action="store_true",
-                        help=f"k = {MAIN_K}, 1 and {MAIN_IN_FLIGHT} in "
-                        "flight, one round")
-    parser.add_argument("--plot-only",
-                        action="store_true",
-                        help="redraw the plot from --out")
-    parser.add_argument("--append",
-                        action="store_true",
-                        help="add to the results in --out, skipping the "
-                        "cells they have")
-    parser.add_argument("--remeasure",
-                        action="store_true",
-                        help="with --append: measure the cells asked for "
-                        "even if --out has them, replacing them (the earlier "
-                        "rows are kept under superseded_cells)")
+    switches = [
+        ("--quick", f"k = {MAIN_K}, 1 and {MAIN_IN_FLIGHT} in flight, "
+         "one round"),
+        ("--plot-only", "redraw the plot from --out"),
+        ("--append", "add to the results in --out, skipping the cells they "
+         "have"),
+        ("--remeasure", "with --append: measure the cells asked for even if "
+         "--out has them, replacing them (the earlier rows are kept under "
+         "superseded_cells)"),
+    ]
+    for switch, meaning in switches:
+        parser.add_argument(switch, action="store_true", help=meaning)
     parser.add_argument("--trace-kv",
                         type=positive_seconds,
                         metavar="SECONDS",

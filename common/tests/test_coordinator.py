@@ -39,6 +39,17 @@ def finish(engine: FakeEngine, member_id: str, reason: str = "stop") -> None:
     engine.report(member_id)
 
 
+def play(engine: FakeEngine, *program: tuple[str, int]) -> None:
+    """Samples each ``(member_id, token)`` of ``program`` in turn.
+
+    Args:
+        engine: The engine.
+        program: The members and the tokens they sample, in order.
+    """
+    for member_id, token in program:
+        engine.sample(member_id, token)
+
+
 def test_the_package_imports_no_vllm():
     """The contract runs with no vLLM installed (the client join and
     engine-neutral tools need only this package)."""
@@ -57,9 +68,7 @@ def test_the_package_imports_no_vllm():
 def test_child_ids_count_the_whole_tree_from_zero():
     engine = FakeEngine(limits={"max_depth": 3})
     start(engine)
-    engine.sample("r", PROMISE)
-    engine.sample("r", PROMISE)
-    engine.sample("r/promise-0", PROMISE)
+    play(engine, ("r", PROMISE), ("r", PROMISE), ("r/promise-0", PROMISE))
     assert [(spec.request_id, spec.parent_id)
             for spec in engine.forks] == [("r/promise-0", "r"),
                                           ("r/promise-1", "r"),
@@ -69,8 +78,7 @@ def test_child_ids_count_the_whole_tree_from_zero():
 def test_a_child_is_forked_on_its_parents_whole_context_and_marker():
     engine = FakeEngine()
     start(engine, prompt=(A, B))
-    engine.sample("r", C)
-    engine.sample("r", PROMISE)
+    play(engine, ("r", C), ("r", PROMISE))
     assert engine.members["r/promise-0"].tokens == [A, B, C, PROMISE, ROLE]
     assert engine.forks[0].context_tokens == (ROLE, )
 
@@ -80,9 +88,7 @@ def test_a_seeded_childs_seed_derives_from_its_parent_and_its_index():
     or the index counted over the tree instead of the parent."""
     engine = FakeEngine(limits={"max_depth": 3})
     start(engine, seed=1234)
-    engine.sample("r", PROMISE)
-    engine.sample("r", PROMISE)
-    engine.sample("r/promise-0", PROMISE)
+    play(engine, ("r", PROMISE), ("r", PROMISE), ("r/promise-0", PROMISE))
     seeds = [spec.seed for spec in engine.forks]
     first = seed_for(1234, "child-0")
     assert seeds == [
@@ -130,12 +136,9 @@ def test_hook_tokens_never_reach_a_text_or_a_merge(show_hooks):
     start(engine)
     engine.sample("r", PROMISE)
     child = "r/promise-0"
-    engine.sample(child, A)
-    engine.sample(child, PROMISE)
-    engine.sample("r/promise-1", C)
+    play(engine, (child, A), (child, PROMISE), ("r/promise-1", C))
     finish(engine, "r/promise-1")
-    engine.sample(child, B)
-    engine.sample(child, SYNC)
+    play(engine, (child, B), (child, SYNC))
     finish(engine, child)
     engine.sample("r", SYNC)
     # The root merges the child's text: its own tokens and the
@@ -156,11 +159,8 @@ def test_a_parked_parent_resumes_only_when_its_last_child_finishes():
     `has_unfinished_seqs` branch)."""
     engine = FakeEngine()
     start(engine)
-    engine.sample("r", PROMISE)
-    engine.sample("r", PROMISE)
-    engine.sample("r/promise-0", A)
-    engine.sample("r/promise-1", B)
-    engine.sample("r", SYNC)
+    play(engine, ("r", PROMISE), ("r", PROMISE), ("r/promise-0", A),
+         ("r/promise-1", B), ("r", SYNC))
     assert engine.members["r"].parked
     assert "r" in engine.coordinator.parked_members()
     finish(engine, "r/promise-1")
@@ -176,8 +176,7 @@ def test_a_parked_parent_resumes_only_when_its_last_child_finishes():
 def test_a_sync_whose_children_all_finished_merges_at_once():
     engine = FakeEngine()
     start(engine)
-    engine.sample("r", PROMISE)
-    engine.sample("r/promise-0", A)
+    play(engine, ("r", PROMISE), ("r/promise-0", A))
     finish(engine, "r/promise-0")
     assert engine.sample("r", SYNC) == [Resume("r", (A, ), 0.0, None)]
     assert engine.members["r"].tokens[-2:] == [SYNC, A]
@@ -214,11 +213,9 @@ def test_a_merge_leaves_room_for_one_sampled_token():
 def test_merged_tokens_have_no_logprobs_and_leave_the_cumulative():
     engine = FakeEngine()
     start(engine, logprobs=True)
-    engine.sample("r", PROMISE)
-    engine.sample("r/promise-0", A)
+    play(engine, ("r", PROMISE), ("r/promise-0", A))
     finish(engine, "r/promise-0")
-    engine.sample("r", SYNC)
-    engine.sample("r", B)
+    play(engine, ("r", SYNC), ("r", B))
     finish(engine, "r")
     root = engine.reports["r"]
     assert root.token_ids == (PROMISE, SYNC, A, B)
@@ -239,10 +236,8 @@ def test_merged_tokens_have_no_logprobs_and_leave_the_cumulative():
 def test_a_finished_member_aborts_its_live_descendants_deepest_first():
     engine = FakeEngine(limits={"max_depth": 3})
     start(engine)
-    engine.sample("r", PROMISE)
-    engine.sample("r/promise-0", PROMISE)
-    engine.sample("r/promise-1", PROMISE)
-    engine.sample("r", PROMISE)
+    play(engine, ("r", PROMISE), ("r/promise-0", PROMISE),
+         ("r/promise-1", PROMISE), ("r", PROMISE))
     # Finished by the engine, not reported: recorded, never aborted.
     engine.stop("r/promise-3", "stop")
     finish(engine, "r")
@@ -259,8 +254,7 @@ def test_a_finished_member_aborts_its_live_descendants_deepest_first():
 def test_an_aborted_request_ends_its_tree_with_no_report():
     engine = FakeEngine()
     start(engine)
-    engine.sample("r", PROMISE)
-    engine.sample("r", SYNC)
+    play(engine, ("r", PROMISE), ("r", SYNC))
     engine.abort_request("r")
     assert engine.aborts == [["r/promise-0"]]
     assert engine.reports == {} and engine.members == {}
@@ -315,8 +309,7 @@ def test_every_member_names_its_trees_root_until_the_tree_ends():
     once the tree is gone."""
     engine = FakeEngine(limits={"max_depth": 3})
     start(engine)
-    engine.sample("r", PROMISE)
-    engine.sample("r/promise-0", PROMISE)
+    play(engine, ("r", PROMISE), ("r/promise-0", PROMISE))
     coordinator = engine.coordinator
     assert [
         coordinator.root_of(member)

@@ -340,8 +340,7 @@ def main() -> None:
                         help="LoRA on this block and those above it")
     parser.add_argument("--all-countries",
                         action="store_true",
-                        help="also train the capitals the base does not "
-                        "know")
+                        help="also train the capitals the base does not know")
     parser.add_argument("--save-every",
                         type=int,
                         default=0,

@@ -445,6 +445,27 @@ class JoinTask:
         return False
 
 
+def sender_defaults(defaults: Optional[dict]) -> dict:
+    """A sender's request defaults, checked: the join does not mirror stop
+    strings nor a minimum of tokens.
+
+    Args:
+        defaults: Request arguments of every request, or None.
+
+    Returns:
+        A copy of ``defaults`` (empty for None).
+
+    Raises:
+        ValueError: ``defaults`` sets ``stop`` or ``min_tokens``.
+    """
+    defaults = dict(defaults or {})
+    for refused in ("stop", "min_tokens"):
+        if defaults.get(refused):
+            raise ValueError(f"the client-side join does not mirror "
+                             f"{refused!r}")
+    return defaults
+
+
 class EngineSender:
     """Sends the join's requests to an in-process stock `LLMEngine` and
     steps it.
@@ -460,11 +481,7 @@ class EngineSender:
 
     def __init__(self, engine, defaults: Optional[dict] = None):
         self.engine = engine
-        self.defaults = dict(defaults or {})
-        for refused in ("stop", "min_tokens"):
-            if self.defaults.get(refused):
-                raise ValueError(f"the client-side join does not mirror "
-                                 f"{refused!r}")
+        self.defaults = sender_defaults(defaults)
         # Request id -> (request, tokens delivered so far).
         self._live: dict[str, list[Any]] = {}
 

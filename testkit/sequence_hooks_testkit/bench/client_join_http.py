@@ -18,7 +18,8 @@ from typing import Optional
 import aiohttp
 
 from sequence_hooks_testkit.bench.client_join import (JoinRequest, JoinResult,
-                                                      JoinTask, OptionsFn)
+                                                      JoinTask, OptionsFn,
+                                                      sender_defaults)
 
 # Seconds a request may take in all; every wait is bounded.
 REQUEST_SECONDS = 600
@@ -90,11 +91,7 @@ class HttpSender:
         self.session = session
         self.base = base
         self.model = model
-        self.defaults = dict(defaults or {})
-        for refused in ("stop", "min_tokens"):
-            if self.defaults.get(refused):
-                raise ValueError(f"the client-side join does not mirror "
-                                 f"{refused!r}")
+        self.defaults = sender_defaults(defaults)
         self._streams: dict[str, asyncio.Task] = {}
 
     def submit(self, request: JoinRequest) -> None:

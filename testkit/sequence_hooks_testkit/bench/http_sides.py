@@ -34,6 +34,7 @@ import psutil
 from sequence_hooks_testkit.bench.client_join import JoinTask
 from sequence_hooks_testkit.bench.client_join_http import (HttpSender,
                                                            stream_completion)
+from sequence_hooks_testkit.bench.runs import add_engine_options
 from sequence_hooks_testkit.server import (free_port, spawn_logged,
                                            stop_server, wait_healthy)
 from sequence_hooks_testkit.training import capitals_task, prepare_base_model
@@ -483,11 +484,9 @@ def versions(args) -> dict:
 
 def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """The servers' options, shared by the V1 benchmarks over HTTP."""
-    parser.add_argument("--model",
-                        help="the promise model's folder (default: the "
-                        "merged checkpoint the test kit's "
-                        "training.prepare_base_model makes)")
-    parser.add_argument("--dtype", default="float32")
+    add_engine_options(
+        parser, "the promise model's folder (default: the merged checkpoint "
+        "the test kit's training.prepare_base_model makes)")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--kv-space-gib",
                         type=int,

@@ -3,6 +3,7 @@
 """What the benchmarks share: the V0 CPU set-up, a tiny test model, runs and
 reports."""
 
+import argparse
 import atexit
 import json
 import os
@@ -35,6 +36,19 @@ def prepare(max_positions: Optional[int] = None):
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return tiny_hook_ids(), build_tokenizer(), build_tiny_model(
         Path(folder), spec)
+
+
+def add_engine_options(parser: argparse.ArgumentParser,
+                       model_help: str) -> None:
+    """Adds the engine options every benchmark takes: ``--model`` and
+    ``--dtype`` (float32 unless set: each figure states its dtype).
+
+    Args:
+        parser: The script's parser.
+        model_help: ``--model``'s help: the model it names and its default.
+    """
+    parser.add_argument("--model", help=model_help)
+    parser.add_argument("--dtype", default="float32")
 
 
 def free_params(tokens: int, ids: HookIds):
