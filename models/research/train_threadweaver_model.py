@@ -17,6 +17,7 @@ controller's).
 
 Usage: .venv/bin/python models/research/train_threadweaver_model.py
     [--out DIR] [--steps 400] [--rows 4] [--lr 5e-3] [--layers 4] [--seed 0]
+    [--init DIR]
 """
 
 import argparse
@@ -109,6 +110,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--init",
+                        help="go on from this checkpoint (new tasks: "
+                        "give another --seed)")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
@@ -119,7 +123,8 @@ def main() -> None:
                                     weight_scale=1.0)
     tiny_model.build_tiny_model(out, spec, tokenizer)
     from transformers import LlamaForCausalLM
-    model = LlamaForCausalLM.from_pretrained(out, attn_implementation="sdpa")
+    model = LlamaForCausalLM.from_pretrained(args.init or out,
+                                             attn_implementation="sdpa")
     pending: list = []
 
     def loss_of() -> torch.Tensor:
