@@ -118,10 +118,11 @@ def main() -> None:
     rng = random.Random(args.seed)
     out = Path(args.out)
     tokenizer = task_mod.build_tokenizer()
-    spec = tiny_model.TinyModelSpec(seed=args.seed,
-                                    num_layers=args.layers,
-                                    weight_scale=1.0)
-    tiny_model.build_tiny_model(out, spec, tokenizer)
+    if not args.init:
+        spec = tiny_model.TinyModelSpec(seed=args.seed,
+                                        num_layers=args.layers,
+                                        weight_scale=1.0)
+        tiny_model.build_tiny_model(out, spec, tokenizer)
     from transformers import LlamaForCausalLM
     model = LlamaForCausalLM.from_pretrained(args.init or out,
                                              attn_implementation="sdpa")
