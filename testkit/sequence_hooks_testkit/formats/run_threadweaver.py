@@ -8,10 +8,9 @@ Usage (in .venv-v1): python -m sequence_hooks_testkit.formats.run_threadweaver
     MODEL CASES.json OUT.json [--url URL]
 
 CASES.json is a list of cases, each ``{"name", "prompts": [text],
-"settings": {controller keyword arguments}, "sampling": {...}, "n": 1,
-"plain": false}``; ``plain`` adds each prompt's plain decoding (one call,
-no stop ids) for comparison. Offline (``LLM``, fp32, eager) unless
-``--url`` names a ``vllm serve`` of MODEL.
+"settings": {controller keyword arguments}, "sampling": {...}, "n": 1}``.
+Offline (``LLM``, fp32, eager) unless ``--url`` names a ``vllm serve`` of
+MODEL.
 """
 
 import argparse
@@ -42,7 +41,7 @@ def backend_for(model: str, url=None, max_model_len: int = 512):
 
 
 def run_cases(backend, tokenizer, cases: list[dict]) -> list[dict]:
-    """Every case's rollouts (and plain decodings), as JSON-ready dicts."""
+    """Every case's rollouts, as JSON-ready dicts."""
     results = []
     for case in cases:
         controller = ThreadWeaverController(tokenizer,
@@ -53,19 +52,12 @@ def run_cases(backend, tokenizer, cases: list[dict]) -> list[dict]:
         ]
         rollouts = run(controller, backend, prompts, case.get("sampling"),
                        case.get("n", 1))
-        result = {
-            "name": case["name"],
+        results.append({
+            "name":
+            case["name"],
             "rollouts":
             [[dataclasses.asdict(r) for r in per] for per in rollouts],
-        }
-        if case.get("plain"):
-            done = backend.generate(
-                prompts, [{
-                    "temperature": 0.0,
-                    "max_tokens": backend.max_model_len - len(p)
-                } for p in prompts])
-            result["plain"] = [d.token_ids for d in done]
-        results.append(result)
+        })
     return results
 
 
