@@ -89,9 +89,9 @@ def run(tiny_model_path, hook_ids, stages: int, async_scheduling: bool,
     for request_id, new_tokens, _ in driver.outputs:
         tokens.setdefault(request_id, []).extend(new_tokens)
     assert scheduler.requests == {}
-    assert scheduler.coordinator.num_members() == 0
+    assert scheduler.hooks.coordinator.num_members() == 0
     assert scheduler.num_waiting_for_streaming_input == 0
-    assert len(scheduler.sample_trees) == 0
+    assert len(scheduler.hooks.sample_trees) == 0
     pool = scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
     return tokens, driver
