@@ -3,8 +3,9 @@
 """The upstream members the plugin reaches outside the engine core: how
 the frontend fans out samples, makes request outputs and checks stop
 strings; the request check (`admission`, a logits processor); the
-trainer's colocated engine (`rl`); the API server's shutdown
-(`shutdown`) and metrics (`server_metrics`). Rows of `seams.SEAMS`.
+trainer's colocated engine (`vllm_sequence_hooks_rl`); the API server's
+shutdown (`shutdown`) and metrics (`server_metrics`). Rows of
+`seams.SEAMS`.
 """
 
 from vllm_sequence_hooks.seams_types import (NEVER_GIVEN, PUBLIC_API,
@@ -75,7 +76,8 @@ FRONTEND_SEAMS: tuple[Seam, ...] = (
         "vllm.config:ModelConfig.logits_processors", "reads",
         "the scheduler refuses to start unless `--logits-processors` names "
         "the request check", PUBLIC_API),
-    # GRPO on promise trees (`rl`): TRL's colocated engine, hooked.
+    # GRPO on promise trees (`vllm_sequence_hooks_rl`): TRL's colocated
+    # engine, hooked.
     Seam(
         "vllm.entrypoints.llm:LLM.{generate,collective_rpc,"
         "reset_prefix_cache,get_tokenizer,llm_engine}", "calls",
