@@ -213,12 +213,13 @@ class SequenceHooks:
                 self._finished(request, "stop", step, check.output_text)
                 return
         params = request.sampling_params
-        self._carry_out(
-            self.coordinator.sampled(
-                request_id, out.new_token_ids[-1],
-                request.num_tokens, lambda: RequestParams.of(
-                    request.num_prompt_tokens, request.max_tokens, params)),
-            step)
+        actions = self.coordinator.sampled(
+            request_id, out.new_token_ids[-1],
+            request.num_tokens, lambda: RequestParams.of(
+                request.num_prompt_tokens, request.max_tokens, params))
+        if actions:
+            # Most tokens are no event: no call on the hot path.
+            self._carry_out(actions, step)
 
     def _finished(self,
                   request: Request,
