@@ -138,12 +138,13 @@ class V0PromiseAdapter:
                 self.finished(seq_group)
             return
         params = seq_group.sampling_params
-        self._carry_out(
-            self.coordinator.sampled(
-                seq_group.request_id, seq.get_last_token_id(),
-                seq.get_len(), lambda: RequestParams.of(
-                    seq.get_prompt_len(), params.max_tokens, params)),
-            seq_group)
+        actions = self.coordinator.sampled(
+            seq_group.request_id,
+            seq.get_last_token_id(), seq.get_len(), lambda: RequestParams.of(
+                seq.get_prompt_len(), params.max_tokens, params))
+        if actions:
+            # Most tokens are no event: no call on the hot path.
+            self._carry_out(actions, seq_group)
 
     def step_scheduled(self, outputs: SchedulerOutputs) -> None:
         """Records the groups of a tree that the scheduler finished itself
