@@ -21,12 +21,14 @@ critical-path term paid only when all are right
 standard deviation; a KL term (``BETA``) holds the policy near the
 starting model.
 
-``--arm X`` trains arm X, saves its checkpoint under ``--checkpoints``,
-records its steps, time and TRL's log in ``--results``
-(`models/smollm2-promise/rl_arms.json`), then evaluates the checkpoint
-(`rl_eval.py`, in a process of its own) and records its per-task results
-there; ``--evaluate before|A|B|C`` (re)evaluates a checkpoint alone.
-Each write recomputes every figure and criterion from the per-task
+``--arm X --seed S`` trains arm X with seed S (TRL's and torch's: the
+order of the tasks, not the tasks), saves its checkpoint under
+``--checkpoints``, records its steps, time and TRL's log in ``--results``
+(`models/smollm2-promise/rl_arms.json`, under ``arms.X.seeds.S``), then
+evaluates the checkpoint (`rl_eval.py`, in a process of its own) and
+records its per-task results there; ``--evaluate before|A|B|C``
+(re)evaluates a checkpoint alone. Each write recomputes every figure and
+criterion, per seed and across seeds (`rl_seeds`), from the per-task
 results and redraws ``--plot``. ``--time-steps N`` trains N steps of an
 arm and prints their times, recording nothing.
 
@@ -40,7 +42,7 @@ over `LOGPROB_TOLERANCE` or the weights did not change.
 Usage (from `./dev rl [...]`, in `.venv-rl`):
     python models/rl_capitals.py --smoke
     python models/rl_capitals.py --evaluate before
-    python models/rl_capitals.py --arm A      # then B, then C
+    python models/rl_capitals.py --arm A --seed 1  # B, C; seeds 0-2
     python models/rl_capitals.py --arm B --time-steps 3
 """
 
@@ -65,6 +67,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
 
 import rl_experiment as experiment  # noqa: E402
+import rl_seeds  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 import trl  # noqa: E402
@@ -102,7 +105,8 @@ BETA = 0.04
 # standard deviation (which turns the path term's small differences into
 # unit-size advantages in a group tied on capitals).
 SCALE_REWARDS = "none"
-SEED = 0
+# The training tasks' draw, the same for every arm and seed.
+TASKS_SEED = 0
 # The starting model's common token set (`rl_token_scores`), in the
 # checkpoints' folder: written when it is evaluated, read for each arm.
 COMMON_SET = "smollm2-promise-common-set.json"
@@ -177,7 +181,7 @@ def training_dataset(arm: str, steps: int) -> Dataset:
     Returns:
         TRL's prompt dataset: "prompt" (chat messages) and "countries".
     """
-    tasks = experiment.training_tasks(steps * PROMPTS, SEED, arm != "C")
+    tasks = experiment.training_tasks(steps * PROMPTS, TASKS_SEED, arm != "C")
     return Dataset.from_list([{
         "prompt": task.messages_of(t),
         "countries": list(t.countries)
@@ -241,6 +245,7 @@ def make_trainer(arm: str,
                  steps: int,
                  generations: int,
                  out: Path,
+                 seed: int,
                  dataset: Optional[Dataset] = None) -> PromiseTreeGRPOTrainer:
     """The arm's trainer over the fine-tuned checkpoint (fp32 on both
     sides), with the pre-registered settings.
@@ -250,6 +255,8 @@ def make_trainer(arm: str,
         steps: Training steps.
         generations: Trees per task.
         out: The trainer's output folder.
+        seed: TRL's seed (its sampler's order of the tasks, the
+            micro-batches' shuffle; the engine's seed stays TRL's 0).
         dataset: Prompts taken in their order (default: the arm's
             `training_dataset`, shuffled by the seed).
 
@@ -286,7 +293,7 @@ def make_trainer(arm: str,
         logging_steps=1,
         save_strategy="no",
         report_to=[],
-        seed=SEED,
+        seed=seed,
         shuffle_dataset=dataset is None,
         disable_tqdm=True,
     )
@@ -347,9 +354,9 @@ def smoke_summary(trainer: PromiseTreeGRPOTrainer,
 def smoke() -> None:
     """Two steps of arm A on one task; prints `smoke_summary` and exits 1
     if the logprobs disagree or the weights did not move."""
-    torch.manual_seed(SEED)
+    torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as out:
-        trainer = make_trainer("A", 2, 2, Path(out))
+        trainer = make_trainer("A", 2, 2, Path(out), 0)
         before = {
             name: param.detach().clone()
             for name, param in trainer.model.named_parameters()
@@ -361,12 +368,13 @@ def smoke() -> None:
              and summary["max_abs_logprob_diff"] <= LOGPROB_TOLERANCE else 1)
 
 
-def train(arm: str, steps: int, minutes: Optional[float],
+def train(arm: str, seed: int, steps: int, minutes: Optional[float],
           checkpoint: Optional[Path]) -> dict:
     """Trains one arm from the fine-tuned checkpoint.
 
     Args:
         arm: "A", "B" or "C".
+        seed: TRL's and torch's seed.
         steps: Training steps.
         minutes: Stops after the step that passes this many minutes
             (None: all ``steps``).
@@ -377,10 +385,10 @@ def train(arm: str, steps: int, minutes: Optional[float],
         excluded), ``settings`` (with memory and engine start) and
         ``log`` (TRL's, `LOG_KEYS` of each step).
     """
-    torch.manual_seed(SEED)
+    torch.manual_seed(seed)
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as out:
-        trainer = make_trainer(arm, steps, GENERATIONS, Path(out))
+        trainer = make_trainer(arm, steps, GENERATIONS, Path(out), seed)
         started = time.monotonic() - start
         steps_log = StepLog()
         trainer.add_callback(steps_log)
@@ -410,7 +418,8 @@ def train(arm: str, steps: int, minutes: Optional[float],
             "scale_rewards": SCALE_REWARDS,
             "loss_type": trainer.args.loss_type,
             "bonus_weight": experiment.BONUS_WEIGHT,
-            "seed": SEED,
+            "seed": seed,
+            "tasks_seed": TASKS_SEED,
             "trl": trl.__version__,
             "vllm": vllm.__version__,
             "dtype": "float32 (trainer and engine)",
@@ -473,15 +482,18 @@ def evaluate(checkpoint: Path, common_set: Path) -> dict:
     }
 
 
-def record(results_path: Path, plot: Path, name: str, part: dict) -> dict:
-    """Adds a part (``before`` or an arm) to the results, recomputes every
-    figure and criterion from the per-task results, writes them and
-    redraws the plot.
+def record(results_path: Path, plot: Path, name: str, seed: int,
+           part: dict) -> dict:
+    """Adds a part (``before`` or an arm's seed) to the results,
+    recomputes every figure and criterion from the per-task results,
+    writes them and redraws the plot.
 
     Args:
         results_path: The summary file (created if missing).
         plot: The picture of reward curves and accuracies.
         name: "before", "A", "B" or "C".
+        seed: The arm's seed (not used for "before": the starting model
+            is evaluated once for every seed).
         part: Its `rl_experiment.RAW_KEYS` (``tasks`` too if evaluated,
             which must be the file's).
 
@@ -491,23 +503,21 @@ def record(results_path: Path, plot: Path, name: str, part: dict) -> dict:
     tasks = part.pop("tasks", None) or experiment.evaluation_tasks()
     results = (json.loads(results_path.read_text())
                if results_path.exists() else {
-                   "tasks": tasks,
-                   "arms": {}
+                   "tasks": tasks
                })
     if results["tasks"] != tasks:
         raise ValueError(f"{results_path} holds other evaluation tasks: "
                          "parts must be evaluated on the same tasks")
     commit, dirty = experiment.code_state(ROOT)
-    stored = (results.get("before")
-              if name == "before" else results["arms"].get(name)) or {}
-    stored.update(part, commit=commit, code_dirty=dirty)
     if name == "before":
-        results["before"] = stored
+        stored = results.setdefault("before", {})
     else:
-        results["arms"][name] = stored
-    summary = experiment.summarize(results)
+        arm = results.setdefault("arms", {}).setdefault(name, {"seeds": {}})
+        stored = arm["seeds"].setdefault(str(seed), {})
+    stored.update(part, commit=commit, code_dirty=dirty)
+    summary = rl_seeds.summarize(results)
     results_path.write_text(experiment.dumps(summary) + "\n")
-    experiment.plot(summary, plot)
+    rl_seeds.plot(summary, plot)
     return summary
 
 
@@ -522,6 +532,11 @@ def main() -> None:
                         choices=("before", *experiment.ARMS),
                         help="(re)evaluate the starting model or an arm's "
                         "checkpoint")
+    parser.add_argument("--seed",
+                        type=int,
+                        default=0,
+                        help="TRL's and torch's seed for --arm (the "
+                        "pre-registered runs: 0, 1 and 2)")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--minutes",
                         type=float,
@@ -534,8 +549,8 @@ def main() -> None:
     parser.add_argument("--checkpoints",
                         type=Path,
                         default=prepare.cache_dir() / "models",
-                        help="arm X's checkpoint is smollm2-promise-grpo-X "
-                        "in this folder")
+                        help="arm X's checkpoint with seed S is "
+                        "smollm2-promise-grpo-X-seedS in this folder")
     parser.add_argument("--results",
                         type=Path,
                         default=ROOT / "models" / "smollm2-promise" /
@@ -549,7 +564,7 @@ def main() -> None:
     if args.time_steps:
         if not args.arm:
             parser.error("--time-steps needs --arm")
-        part = train(args.arm, args.time_steps, None, None)
+        part = train(args.arm, args.seed, args.time_steps, None, None)
         print(
             json.dumps({
                 "arm":
@@ -569,22 +584,28 @@ def main() -> None:
             }))
         return
     name = args.arm or args.evaluate
-    checkpoint = (prepare.model_dir() if name == "before" else
-                  args.checkpoints / f"smollm2-promise-grpo-{name}")
+    checkpoint = (prepare.model_dir()
+                  if name == "before" else args.checkpoints /
+                  f"smollm2-promise-grpo-{name}-seed{args.seed}")
     if args.arm:
         # Recorded before the evaluation, which can be rerun on its own.
-        record(args.results, args.plot, name,
-               train(args.arm, args.steps, args.minutes, checkpoint))
-    summary = record(args.results, args.plot, name,
+        record(
+            args.results, args.plot, name, args.seed,
+            train(args.arm, args.seed, args.steps, args.minutes, checkpoint))
+    summary = record(args.results, args.plot, name, args.seed,
                      evaluate(checkpoint, args.checkpoints / COMMON_SET))
-    part = summary["before"] if name == "before" else summary["arms"][name]
+    part = (summary["before"] if name == "before" else
+            summary["arms"][name]["seeds"][str(args.seed)])
     print(
         json.dumps({
             name: {
                 k: v
                 for k, v in part.items() if k in experiment.CELLS
             },
-            "criteria": summary["criteria"],
+            "criteria": {
+                key: value and value.get("met")
+                for key, value in (summary["criteria"] or {}).items()
+            },
         }))
 
 

@@ -72,9 +72,11 @@ RAW_KEYS = ("commit", "code_dirty", "steps", "minutes", "settings", "log",
 # The files the experiment's code is: a part records whether they differed
 # from its commit when it ran.
 CODE_FILES = ("models/rl_capitals.py", "models/rl_eval.py",
-              "models/rl_experiment.py", "models/rl_token_scores.py",
+              "models/rl_experiment.py", "models/rl_seeds.py",
+              "models/rl_token_scores.py",
               "testkit/sequence_hooks_testkit/training/capitals_task.py",
-              "v1/rl/vllm_sequence_hooks_rl")
+              "v1/rl/vllm_sequence_hooks_rl", "v1/vllm_sequence_hooks",
+              "common/sequence_hooks")
 
 
 def split_held_out() -> tuple[list[str], list[str]]:
@@ -551,58 +553,3 @@ def code_state(root: Path) -> tuple[str, bool]:
                              capture_output=True,
                              text=True).stdout.strip()
     return commit, bool(changed)
-
-
-def plot(summary: dict, path: Path) -> None:
-    """Draws the arms' reward curves and the accuracies before and after.
-
-    Args:
-        summary: `summarize`'s output.
-        path: The picture to write.
-    """
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (curves, bars) = plt.subplots(1, 2, figsize=(11, 3.8))
-    # One colour a part in both panels.
-    colour = {"before": "grey", "A": "C0", "B": "C1", "C": "C2"}
-    window = 5
-    for name, arm in summary["arms"].items():
-        log = [e for e in arm.get("log", []) if "reward" in e]
-        rewards = [e["reward"] for e in log]
-        running = [
-            statistics.fmean(rewards[max(0, i - window + 1):i + 1])
-            for i in range(len(rewards))
-        ]
-        curves.plot([e["step"] for e in log],
-                    running,
-                    color=colour[name],
-                    label=f"{name}: {ARMS[name]}")
-    curves.set_xlabel("GRPO step")
-    curves.set_ylabel(f"reward (running mean of {window})")
-    curves.set_title("Training reward per arm")
-    curves.legend(loc="lower right", fontsize=8)
-    parts = [("before", summary["before"])] if summary["before"] else []
-    parts += [(name, arm) for name, arm in summary["arms"].items()
-              if "per_task" in arm]
-    width = 0.8 / max(len(parts), 1)
-    for i, (name, part) in enumerate(parts):
-        bars.bar([c + i * width for c in range(len(CELLS))],
-                 [part[cell]["accuracy"] for cell in CELLS],
-                 width,
-                 color=colour[name],
-                 label=name)
-    bars.set_xticks([c + 0.4 - width / 2 for c in range(len(CELLS))])
-    bars.set_xticklabels([cell.replace("_", "\n") for cell in CELLS],
-                         fontsize=8)
-    bars.set_ylabel("capitals right (conclusion, per country)")
-    bars.set_ylim(0, 1)
-    if parts:
-        bars.set_title("Greedy evaluation, "
-                       f"{parts[0][1][CELLS[0]]['tasks']} tasks a cell")
-    bars.legend(fontsize=8)
-    fig.suptitle("GRPO on promise trees, SmolLM2-135M promise model: "
-                 "three arms (docs/rl.md)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -51,7 +51,7 @@ class Alternate(transformers.TrainerCallback):
 def schedule(rounds: int) -> list[tuple[str, task.Task]]:
     """The steps: a warm-up (C), then each round's three kinds, rotated,
     on the round's task (the experiment's training tasks in turn)."""
-    tasks = experiment.training_tasks(rounds + 1, capitals.SEED, True)
+    tasks = experiment.training_tasks(rounds + 1, capitals.TASKS_SEED, True)
     steps = [("warm-up", task.Task(tasks[0].countries, False))]
     for number, drawn in enumerate(tasks[1:]):
         for kind in KINDS[number % 3:] + KINDS[:number % 3]:
@@ -77,7 +77,7 @@ def measure(rounds: int) -> dict:
     } for _, t in steps])
     with tempfile.TemporaryDirectory() as out:
         trainer = capitals.make_trainer("A", len(steps), capitals.GENERATIONS,
-                                        Path(out), dataset)
+                                        Path(out), 0, dataset)
         engine = trainer.vllm_generation.llm.llm_engine.vllm_config
         step_log = capitals.StepLog()
         trainer.add_callback(Alternate(trainer, [kind for kind, _ in steps]))
