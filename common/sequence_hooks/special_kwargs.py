@@ -264,6 +264,44 @@ class ModelTokens:
     eos_token_id: Any
 
 
+def fields_of(special_kwargs: SpecialKwargs) -> dict[str, Any]:
+    """Every field of ``special_kwargs``, by name (what V1's
+    `additional_config` carries: plain data, to JSON and back)."""
+    return {
+        name: getattr(special_kwargs, name)
+        for name in SpecialKwargs.__dataclass_fields__
+    }
+
+
+# This process's readings (`read_special_kwargs`), by the repr of what was
+# given and of the fields it reads as.
+_READ: dict[str, SpecialKwargs] = {}
+
+
+def read_special_kwargs(value: Any) -> SpecialKwargs:
+    """Reads `special_kwargs` once a process: a value read before, or the
+    fields it was read as (what V1 carries on in `additional_config`), is
+    not parsed again.
+
+    Args:
+        value: A SpecialKwargs, a dict of its fields or its JSON.
+
+    Returns:
+        The configuration (the same object for the same setting).
+
+    Raises:
+        ValueError: as `SpecialKwargs.parse`; a refusal is not kept.
+    """
+    if isinstance(value, SpecialKwargs):
+        return value
+    # The repr tells apart every value `SpecialKwargs.parse` tells apart.
+    key = repr(value)
+    if key not in _READ:
+        parsed = SpecialKwargs.parse(value)
+        _READ[key] = _READ.setdefault(repr(fields_of(parsed)), parsed)
+    return _READ[key]
+
+
 def checked_special_kwargs(value: Any,
                            model: Optional[ModelTokens] = None
                            ) -> SpecialKwargs:
@@ -284,7 +322,7 @@ def checked_special_kwargs(value: Any,
         ValueError: `special_kwargs: ` and the reason, on one line.
     """
     try:
-        parsed = SpecialKwargs.parse(value)
+        parsed = read_special_kwargs(value)
         if model is None:
             return parsed
         return parsed.for_model(model.tokenizer, model.vocab_size,

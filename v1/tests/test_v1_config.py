@@ -4,7 +4,10 @@
 `config.special_kwargs_of`, in each process that checks it: the API
 process (`EngineArgs.create_engine_config`), the engine core (the
 scheduler) and the workers (the request check). Each refusal is the same
-text wherever it is found, and the check runs once a process."""
+text wherever it is found, and the setting is parsed and checked once a
+process."""
+
+import json
 
 import pytest
 import torch
@@ -17,6 +20,7 @@ from sequence_hooks import SpecialKwargs
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
 from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
 from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 
 def api_process(model_path, special_kwargs):
@@ -106,3 +110,45 @@ def test_the_check_runs_once_a_process(tiny_model_path, hook_ids, monkeypatch):
             resolved.child_role_token_id) == (hook_ids.sync, hook_ids.promise,
                                               hook_ids.child)
     assert special_kwargs_of(vllm_config) is resolved
+
+
+def test_a_server_flag_is_parsed_once_in_the_api_process(
+        tiny_model_path, monkeypatch):
+    """`vllm serve --special-kwargs JSON` reads the flag in its argparse
+    action, expands it into the settings it stands for and checks the
+    engine's configuration: one parse, one check against the model."""
+    parses, checks = [], []
+    parse = SpecialKwargs.__dict__["parse"].__func__
+    for_model = SpecialKwargs.for_model
+
+    def counted_parse(cls, value):
+        parses.append(value)
+        return parse(cls, value)
+
+    def counted_check(self, *args):
+        checks.append(self)
+        return for_model(self, *args)
+
+    monkeypatch.setattr(SpecialKwargs, "parse", classmethod(counted_parse))
+    monkeypatch.setattr(SpecialKwargs, "for_model", counted_check)
+    # A separator no other test uses: a setting this process has not read.
+    flag = json.dumps({
+        "sync_token": "<sync>",
+        "promise_token": "<promise>",
+        "merge_separator": " (parsed once) "
+    })
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    args = parser.parse_args([
+        "--model",
+        str(tiny_model_path), "--dtype", "float32", "--special-kwargs", flag
+    ])
+    vllm_config = EngineArgs.from_cli_args(args).create_engine_config()
+    assert parses == [flag]
+    assert len(checks) == 1
+    carried = vllm_config.additional_config[CONFIG_KEY]
+    assert carried["merge_separator"] == " (parsed once) "
+    # The engine core and the workers of this process read it again: no
+    # new parse, no new check.
+    worker(tiny_model_path, carried)
+    engine_core(tiny_model_path, carried)
+    assert (len(parses), len(checks)) == (1, 1)

@@ -14,7 +14,8 @@ from typing import Any
 from vllm_sequence_hooks.seams import check_vllm_version
 
 from sequence_hooks import SpecialKwargs
-from sequence_hooks.special_kwargs import ModelTokens, checked_special_kwargs
+from sequence_hooks.special_kwargs import (ModelTokens, checked_special_kwargs,
+                                           fields_of)
 from vllm.config import VllmConfig
 from vllm.tokenizers import cached_tokenizer_from_config
 
@@ -119,15 +120,6 @@ def names_request_check(vllm_config: VllmConfig) -> bool:
     return any(
         _is_request_check(entry)
         for entry in vllm_config.model_config.logits_processors or ())
-
-
-def fields_of(special_kwargs: SpecialKwargs) -> dict[str, Any]:
-    """Every field of ``special_kwargs``, by name (what `additional_config`
-    carries: plain data, to JSON and back)."""
-    return {
-        name: getattr(special_kwargs, name)
-        for name in SpecialKwargs.__dataclass_fields__
-    }
 
 
 def hooked_settings(special_kwargs: Any,

@@ -36,12 +36,12 @@ import argparse
 import functools
 from typing import Any, Callable
 
-from vllm_sequence_hooks.config import (CONFIG_KEY, fields_of, hooked_settings,
+from vllm_sequence_hooks.config import (CONFIG_KEY, hooked_settings,
                                         refuse_unservable, special_kwargs_of)
 from vllm_sequence_hooks.server_metrics import show_engine_core_metrics
 
-from sequence_hooks import SpecialKwargs
-from sequence_hooks.special_kwargs import refusal_reason
+from sequence_hooks.special_kwargs import (fields_of, read_special_kwargs,
+                                           refusal_reason)
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
 
@@ -70,7 +70,7 @@ class SpecialKwargsAction(argparse.Action):
                  values: Any,
                  option_string: Any = None) -> None:
         try:
-            parsed = SpecialKwargs.parse(values)
+            parsed = read_special_kwargs(values)
         except ValueError as e:
             raise argparse.ArgumentError(self, refusal_reason(e)) from e
         setattr(namespace, self.dest, fields_of(parsed))
