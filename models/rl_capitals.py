@@ -510,7 +510,8 @@ def record(results_path: Path, plot: Path, name: str, seed: int,
                          "parts must be evaluated on the same tasks")
     commit, dirty = experiment.code_state(ROOT)
     if name == "before":
-        stored = results.setdefault("before", {})
+        # A summary without the starting model holds None there.
+        stored = results["before"] = results.get("before") or {}
     else:
         arm = results.setdefault("arms", {}).setdefault(name, {"seeds": {}})
         stored = arm["seeds"].setdefault(str(seed), {})

@@ -431,7 +431,7 @@ def summarize(results: dict) -> dict:
             kept.update(part_figures(tasks, kept["per_task"]))
         return kept
 
-    before = part(results["before"]) if "before" in results else None
+    before = part(results["before"]) if results.get("before") else None
     arms = {}
     for name, raw in sorted(results.get("arms", {}).items()):
         arms[name] = part(raw)

@@ -426,10 +426,10 @@ def first_run(results: dict, before: Optional[dict]) -> dict:
         ``before_rows_differing`` (None without a new evaluation).
     """
     summary = experiment.summarize(results)
-    summary["before_rows_differing"] = (None if before is None else sum(
-        old != new
-        for old, new in zip(results["before"]["per_task"], before["per_task"]))
-                                        )
+    summary["before_rows_differing"] = (
+        None if not (before and summary["before"]) else sum(
+            old != new for old, new in zip(results["before"]["per_task"],
+                                           before["per_task"])))
     return summary
 
 

@@ -229,3 +229,37 @@ def test_the_summary_keeps_seeds_and_the_first_run_apart():
     # Summarizing the summary changes nothing; its file reads back as it.
     assert rl_seeds.summarize(summary) == summary
     assert json.loads(experiment.dumps(summary)) == summary
+
+
+def test_runs_are_recorded_by_seed_into_the_summary_file(tmp_path):
+    import rl_capitals
+    results, plot = tmp_path / "rl_arms.json", tmp_path / "rl_arms.png"
+    # A summary file with the first run only (no starting model yet).
+    results.write_text(
+        experiment.dumps(
+            rl_seeds.summarize({
+                "tasks": TASKS,
+                "seed0_854d345": {
+                    "tasks": TASKS
+                }
+            })) + "\n")
+    rl_capitals.record(results, plot, "before", 0, {
+        "tasks": TASKS,
+        "per_task": BEFORE["per_task"]
+    })
+    for seed in (1, 2):
+        rl_capitals.record(results, plot, "B", seed, {
+            "tasks": TASKS,
+            "per_task": part(right=0)["per_task"]
+        })
+    summary = json.loads(results.read_text())
+    assert summary["before"]["rewarded_sequential"]["accuracy"] == 1.0
+    assert set(summary["arms"]["B"]["seeds"]) == {"1", "2"}
+    assert summary["arms"]["B"]["seeds"]["2"]["code_dirty"] in (True, False)
+    assert summary["sequential_falls"]["B"]["1"]["heldout"]["fell"]
+    assert plot.stat().st_size > 0
+    with pytest.raises(ValueError, match="other evaluation tasks"):
+        rl_capitals.record(results, plot, "C", 0, {
+            "tasks": TASKS[:4],
+            "per_task": []
+        })
