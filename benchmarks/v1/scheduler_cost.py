@@ -15,11 +15,25 @@ one run, each on the same requests:
   parked at its `<sync>` while its children decode, so the running
   requests are children (the same number as the plain sides' requests).
 
+Each round times every side's steps in wall and in this process's CPU
+seconds, and divides each plugin side's by its stock side's of the same
+round: the ratios reported are the median over rounds of those paired
+ratios (the CPU ones leave out the time the process waits for the CPU,
+which on a shared machine other work takes), with their range.
+
+`--count-calls` instead counts the Python function calls per step of
+each side (`cProfile`, the same steps): a measure of work that the
+machine's noise does not move, to compare two versions of the code.
+
 Usage: .venv-v1/bin/python benchmarks/v1/scheduler_cost.py [--out FILE]
+           [--count-calls]
 """
 
 import argparse
+import cProfile
+import gc
 import json
+import pstats
 import statistics
 import tempfile
 import time
@@ -74,19 +88,67 @@ def side(model_path, ids, scheduler_cls, async_scheduling, hooks, trees,
     return driver
 
 
-def time_steps(driver) -> float:
-    """Mean seconds per engine step over `TIMED_STEPS` steps."""
+# Each plugin side and the stock side it is divided by.
+PAIRS = {
+    "no tree": ("plugin, no tree", "stock Scheduler"),
+    "live trees": ("plugin, live trees", "stock Scheduler"),
+    "async, no tree": ("plugin async, no tree", "stock AsyncScheduler"),
+    "async, live trees": ("plugin async, live trees", "stock AsyncScheduler"),
+}
+
+
+def time_steps(driver) -> tuple[float, float]:
+    """Mean wall and CPU seconds per engine step over `TIMED_STEPS`
+    steps.
+
+    What exists before is frozen out of the garbage collector: its full
+    collections would otherwise scan every side's requests and land on
+    whichever side set them off (a 30x slower round now and then); the
+    collections of what the steps allocate stay in the time.
+    """
+    gc.collect()
+    gc.freeze()
     steps_before = driver.steps
-    start = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     while driver.steps - steps_before < TIMED_STEPS:
         driver.step()
-    return (time.perf_counter() - start) / (driver.steps - steps_before)
+    steps = driver.steps - steps_before
+    return ((time.perf_counter() - wall) / steps,
+            (time.process_time() - cpu) / steps)
+
+
+def count_calls(driver) -> float:
+    """Python function calls per engine step over `TIMED_STEPS` steps."""
+    steps_before = driver.steps
+    profile = cProfile.Profile()
+    profile.enable()
+    while driver.steps - steps_before < TIMED_STEPS:
+        driver.step()
+    profile.disable()
+    return pstats.Stats(profile).total_calls / (driver.steps - steps_before)
+
+
+def paired(times: dict[str, list[float]]) -> dict[str, dict[str, float]]:
+    """Per pair, the median and range over rounds of plugin over stock,
+    each round's plugin time divided by the same round's stock time."""
+    result = {}
+    for pair, (plugin, stock) in PAIRS.items():
+        ratios = [p / s for p, s in zip(times[plugin], times[stock])]
+        result[pair] = {
+            "median": round(statistics.median(ratios), 3),
+            "min": round(min(ratios), 3),
+            "max": round(max(ratios), 3),
+        }
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="JSON results")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--count-calls",
+                        action="store_true",
+                        help="count each side's calls per step, no times")
     parser.add_argument("--running",
                         type=int,
                         nargs="+",
@@ -114,45 +176,53 @@ def main() -> None:
             name: side(model_path, ids, *spec, num_running)
             for name, spec in sides.items()
         }
-        times = {name: [] for name in sides}
+        if args.count_calls:
+            results[num_running] = {
+                "calls_per_step": {
+                    name: round(count_calls(driver), 1)
+                    for name, driver in drivers.items()
+                }
+            }
+            print(json.dumps({num_running: results[num_running]}), flush=True)
+            continue
+        wall = {name: [] for name in sides}
+        cpu = {name: [] for name in sides}
         for _ in range(args.rounds):
             for name, driver in drivers.items():
-                times[name].append(time_steps(driver))
-        medians = {name: statistics.median(t) for name, t in times.items()}
+                seconds, cpu_seconds = time_steps(driver)
+                wall[name].append(seconds)
+                cpu[name].append(cpu_seconds)
         results[num_running] = {
             "ms_per_step": {
-                name: round(m * 1e3, 3)
-                for name, m in medians.items()
+                name: round(statistics.median(t) * 1e3, 3)
+                for name, t in wall.items()
             },
-            "plugin_over_stock": {
-                "no tree":
-                round(medians["plugin, no tree"] / medians["stock Scheduler"],
-                      3),
-                "live trees":
-                round(
-                    medians["plugin, live trees"] / medians["stock Scheduler"],
-                    3),
-                "async, no tree":
-                round(
-                    medians["plugin async, no tree"] /
-                    medians["stock AsyncScheduler"], 3),
-                "async, live trees":
-                round(
-                    medians["plugin async, live trees"] /
-                    medians["stock AsyncScheduler"], 3),
+            "cpu_ms_per_step": {
+                name: round(statistics.median(t) * 1e3, 3)
+                for name, t in cpu.items()
             },
+            "plugin_over_stock": paired(wall),
+            "plugin_over_stock_cpu": paired(cpu),
         }
         print(json.dumps({num_running: results[num_running]}), flush=True)
     if args.out:
         args.out.write_text(
             json.dumps(
                 {
-                    "what": "schedule() + update_from_output() per step, "
-                    "model-free, median of rounds",
-                    "block_size": 16,
-                    "rounds": args.rounds,
-                    "timed_steps": TIMED_STEPS,
-                    "results": results
+                    "what":
+                    "schedule() + update_from_output() per step, "
+                    "model-free: " +
+                    ("Python function calls (cProfile)" if args.count_calls
+                     else "medians of rounds; plugin over stock: median "
+                     "and range over rounds of each round's ratio"),
+                    "block_size":
+                    16,
+                    "rounds":
+                    args.rounds,
+                    "timed_steps":
+                    TIMED_STEPS,
+                    "results":
+                    results
                 },
                 indent=2) + "\n")
 
