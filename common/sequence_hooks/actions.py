@@ -13,7 +13,7 @@ the coordinator is made.
   at a root's first promise) and `MemberResult` (what a finished member
   produced).
 - What the coordinator asks for: `StartTree`, `Fork`, `Park`, `Resume`,
-  `Abort`, `ReportTree`, each carried out in the order given.
+  `Conclude`, `Abort`, `ReportTree`, each carried out in the order given.
 """
 
 import hashlib
@@ -138,6 +138,11 @@ class Fork:
     seed: Optional[int]
     # Stop strings it honours, as its request does.
     stop: tuple[str, ...]
+    # Token ids it stops at besides its request's (kept as its last
+    # token, as vLLM keeps a matched stop id): a format's branch end.
+    stop_token_ids: tuple[int, ...] = ()
+    # Its label in the tree (a format's branch label); None: none.
+    label: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +168,19 @@ class Resume:
 
 
 @dataclass(frozen=True)
+class Conclude:
+    """Append tokens to a member's output and end it there, finish reason
+    "stop", computing none of them (a format's last join); the engine then
+    reports its finish."""
+
+    member_id: str
+    # The tokens, already cut to the member's budget.
+    token_ids: tuple[int, ...]
+    # The logprob each gets where logprobs are reported.
+    token_logprob: float
+
+
+@dataclass(frozen=True)
 class Abort:
     """Abort live members, deepest first; no output for them."""
 
@@ -177,7 +195,7 @@ class ReportTree:
     tree: PromiseNode
 
 
-Action = Union[StartTree, Fork, Park, Resume, Abort, ReportTree]
+Action = Union[StartTree, Fork, Park, Resume, Conclude, Abort, ReportTree]
 
 
 class EngineQueries(Protocol):
@@ -192,6 +210,11 @@ class EngineQueries(Protocol):
         """Whether a resume of a seeded member appending ``num_tokens``
         re-creates its random generator (an engine that prefills the
         merged tokens as a new sequence does)."""
+        ...
+
+    def token_ids(self, member_id: str) -> list[int]:
+        """A live member's whole token ids: its context and own tokens
+        (a format reads labels from them)."""
         ...
 
     def encode(self, member_id: str, text: str) -> list[int]:

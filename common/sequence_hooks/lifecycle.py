@@ -25,54 +25,17 @@ Child ids and seeds: `sequence_hooks.actions.child_request_id` and
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Abort, Action,
                                     EngineQueries, Fork, MemberResult, Park,
                                     ReportTree, RequestParams, Resume,
                                     StartTree, child_request_id, derive_seed)
+from sequence_hooks.members import Member, TreeRecord
+from sequence_hooks.metrics import NoMetrics
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.texts import merged_text, without_hook_tokens
 from sequence_hooks.tree import LiveNode, LiveTree
-
-
-class _NoMetrics:
-    """Stands in for `SequenceHookMetrics` where nothing is exported."""
-
-    class _Null:
-
-        def inc(self, *_):
-            pass
-
-        dec = set = observe = inc
-
-    def __getattr__(self, name: str) -> "_NoMetrics._Null":
-        return self._Null()
-
-
-@dataclass(eq=False)
-class _TreeRecord:
-    """The coordinator's record of a live tree: the `LiveTree`, its
-    request's parameters and its members' ids."""
-
-    state: LiveTree
-    params: RequestParams
-    member_ids: list[str] = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class _Member:
-    """The coordinator's record of one tree member."""
-
-    tree: _TreeRecord
-    node: LiveNode
-    # Its length when its own tokens began.
-    start: int
-    # Its seed now (None if unseeded).
-    seed: Optional[int]
-    # Its length when it was parked.
-    parked_length: int = 0
 
 
 class PromiseCoordinator:
@@ -97,9 +60,9 @@ class PromiseCoordinator:
         self.max_model_len = max_model_len
         self.hook_token_ids = special_kwargs.hook_token_ids
         self.hook_token_strings = list(hook_token_strings)
-        self.metrics = metrics if metrics is not None else _NoMetrics()
+        self.metrics = metrics if metrics is not None else NoMetrics()
         # Every member of a live tree, by request id.
-        self._members: dict[str, _Member] = {}
+        self._members: dict[str, Member] = {}
         # When each parked member was parked, by request id.
         self._parked: dict[str, float] = {}
 
@@ -247,25 +210,12 @@ class PromiseCoordinator:
             tree.num_refused += 1
             self.metrics.promises_refused.inc()
             return actions
-        request = member.tree.params
-        index = len(node.children)
         marker = special_kwargs.child_role_token_id
-        fork = Fork(request_id=child_request_id(tree.root.request_id,
-                                                tree.num_spawned),
-                    parent_id=member_id,
-                    context_tokens=() if marker is None else (marker, ),
-                    max_tokens=request.max_tokens,
-                    min_tokens=request.min_tokens,
-                    seed=(None if member.seed is None else derive_seed(
-                        member.seed, f"child-{index}")),
-                    stop=request.stop)
-        child = tree.record_child(node, fork.request_id, length - member.start)
-        self._members[fork.request_id] = _Member(
-            member.tree, child, length + len(fork.context_tokens), fork.seed)
-        member.tree.member_ids.append(fork.request_id)
-        self.metrics.promises_spawned.inc()
-        self.metrics.children_running.inc()
-        actions.append(fork)
+        seed = (None if member.seed is None else derive_seed(
+            member.seed, f"child-{len(node.children)}"))
+        actions.append(
+            self._fork(member, length, () if marker is None else (marker, ),
+                       seed, member.tree.params.max_tokens))
         return actions
 
     def sync(self, member_id: str, length: int) -> list[Action]:
@@ -288,12 +238,8 @@ class PromiseCoordinator:
         if not pending:
             return []
         if all(child.is_finished for child in pending):
-            return [self._merge(member, length)]
-        member.parked_length = length
-        node.parked_since = self._parked[member_id] = time.monotonic()
-        self.metrics.syncs_blocked.inc()
-        self.metrics.parents_parked.inc()
-        return [Park(member_id)]
+            return self._merge(member, length)
+        return [self._park(member, length)]
 
     def finished(self, member_id: str, reason: str,
                  result: MemberResult) -> list[Action]:
@@ -349,7 +295,7 @@ class PromiseCoordinator:
                 and all(child.is_finished
                         for child in parent.unmerged_children())):
             parent_member = self._members[parent.request_id]
-            actions.append(
+            actions.extend(
                 self._merge(parent_member, parent_member.parked_length))
         return actions
 
@@ -376,15 +322,54 @@ class PromiseCoordinator:
 
     # Transitions.
 
-    def _track_root(self, root_id: str, params: RequestParams) -> _Member:
+    def _track_root(self, root_id: str, params: RequestParams) -> Member:
         """Starts tracking a request's tree at its first promise."""
         state = LiveTree(root=LiveNode(root_id))
-        member = _Member(_TreeRecord(state, params, [root_id]), state.root,
-                         params.prompt_len, params.seed)
+        member = Member(TreeRecord(state, params, [root_id]), state.root,
+                        params.prompt_len, params.seed)
         self._members[root_id] = member
         return member
 
-    def _room(self, member: _Member, length: int) -> int:
+    def _fork(self,
+              member: Member,
+              length: int,
+              context_tokens: tuple[int, ...],
+              seed: Optional[int],
+              max_tokens: Optional[int],
+              stop_token_ids: tuple[int, ...] = (),
+              label: Optional[str] = None) -> Fork:
+        """Records a child of ``member`` forked at ``length``: its fork."""
+        tree, request = member.tree.state, member.tree.params
+        fork = Fork(request_id=child_request_id(tree.root.request_id,
+                                                tree.num_spawned),
+                    parent_id=member.node.request_id,
+                    context_tokens=context_tokens,
+                    max_tokens=max_tokens,
+                    min_tokens=request.min_tokens,
+                    seed=seed,
+                    stop=request.stop,
+                    stop_token_ids=stop_token_ids,
+                    label=label)
+        child = tree.record_child(member.node, fork.request_id,
+                                  length - member.start, label)
+        self._members[fork.request_id] = Member(member.tree, child,
+                                                length + len(context_tokens),
+                                                seed)
+        member.tree.member_ids.append(fork.request_id)
+        self.metrics.promises_spawned.inc()
+        self.metrics.children_running.inc()
+        return fork
+
+    def _park(self, member: Member, length: int) -> Park:
+        """Parks ``member`` at ``length`` until its children finish."""
+        member.parked_length = length
+        member.node.parked_since = time.monotonic()
+        self._parked[member.node.request_id] = member.node.parked_since
+        self.metrics.syncs_blocked.inc()
+        self.metrics.parents_parked.inc()
+        return Park(member.node.request_id)
+
+    def _room(self, member: Member, length: int) -> int:
         """Tokens a merge may append, leaving one to sample within the
         budget and the model length."""
         room = self.max_model_len - length
@@ -393,7 +378,7 @@ class PromiseCoordinator:
             room = min(room, max_tokens - (length - member.start))
         return max(room - 1, 0)
 
-    def _merge(self, member: _Member, length: int) -> Resume:
+    def _merge(self, member: Member, length: int) -> list[Action]:
         """Takes the unmerged children's texts: the member's resume."""
         tree, node = member.tree.state, member.node
         children = tree.take_unmerged(node)
@@ -408,8 +393,10 @@ class PromiseCoordinator:
                 node.request_id, len(token_ids)):
             seed = member.seed = derive_seed(member.seed,
                                              f"resume-{node.num_merged}")
-        return Resume(node.request_id, tuple(token_ids), MERGED_TOKEN_LOGPROB,
-                      seed)
+        return [
+            Resume(node.request_id, tuple(token_ids), MERGED_TOKEN_LOGPROB,
+                   seed)
+        ]
 
     def _abort_below(self, node: LiveNode) -> list[Action]:
         """Records a node's unfinished descendants aborted, deepest first.
@@ -429,7 +416,7 @@ class PromiseCoordinator:
             if not self.queries.engine_finished(target.node.request_id))
         return [Abort(live)] if live else []
 
-    def _record_abort(self, member: _Member) -> None:
+    def _record_abort(self, member: Member) -> None:
         member.tree.state.record_abort(member.node)
         self._unpark(member.node)
         if member.node.parent is not None:
@@ -444,7 +431,7 @@ class PromiseCoordinator:
             node.parked_since = None
             del self._parked[node.request_id]
 
-    def _forget(self, member: _Member) -> None:
+    def _forget(self, member: Member) -> None:
         """Drops a finished tree's records (its snapshot lives on)."""
         for member_id in member.tree.member_ids:
             del self._members[member_id]

@@ -97,3 +97,17 @@ class SequenceHookMetrics:
         self.merged_tokens = _collector(
             prometheus_client.Counter, "vllm:sequence_hook_merged_tokens",
             "Tokens appended to parents by merges.").labels(**labels)
+
+
+class NoMetrics:
+    """Stands in for `SequenceHookMetrics` where nothing is exported."""
+
+    class _Null:
+
+        def inc(self, *_):
+            pass
+
+        dec = set = observe = inc
+
+    def __getattr__(self, name: str) -> "NoMetrics._Null":
+        return self._Null()

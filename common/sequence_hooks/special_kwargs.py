@@ -28,11 +28,13 @@ _KV_SPLICE = ("its model is trained for a join that reuses the children's "
               "position on, the conclusion after the longest path), which a "
               "join that appends the children's tokens and prefills them "
               "only approximates")
-_CLIENT_SIDE = ("not served in-engine yet: its controller runs from the "
-                "client on stock vLLM (docs/formats.md)")
+# Formats the lifecycle knows (`sequence_hooks.format_lifecycle`) but the
+# engines do not serve yet: refused by the start check
+# (`checked_special_kwargs`), with this reason.
+NOT_YET_SERVED = ("not served in-engine yet: its controller runs from the "
+                  "client on stock vLLM (docs/formats.md)")
+TOKEN_FORMATS = ("threadweaver", "apr")
 UNSERVED_FORMATS = {
-    "threadweaver": _CLIENT_SIDE,
-    "apr": _CLIENT_SIDE,
     "multiverse": _KV_SPLICE,
     "npr": _KV_SPLICE,
 }
@@ -81,16 +83,30 @@ class SpecialKwargs:
     """Engine steps a waiting request may be passed over by critical-path
     work; after that it goes first (the starvation bound)."""
     format: str = PROMISE_SYNC
-    """The fork/join format the model writes: "promise_sync" (the one
-    served). The other published formats are refused with their reason
-    (`UNSERVED_FORMATS`)."""
+    """The fork/join format the model writes: "promise_sync" (the one the
+    engines serve), or a published format's name: "threadweaver" and
+    "apr" (whose tags are the format's; the engines refuse them until they
+    serve them, `checked_special_kwargs`). "multiverse" and "npr" are
+    refused with their reason (`UNSERVED_FORMATS`)."""
 
     @model_validator(mode="after")
     def _check(self) -> "SpecialKwargs":
+        if self.format in TOKEN_FORMATS:
+            given = [
+                f"{role}_token{suffix}" for role in ROLES
+                for suffix in ("", "_id")
+                if getattr(self, f"{role}_token{suffix}") is not None
+            ]
+            if given:
+                raise ValueError(f"format {self.format!r} reads its own "
+                                 f"tags: {', '.join(given)} given beside it "
+                                 "belong to promise_sync")
+            return self
         if self.format != PROMISE_SYNC:
             reason = UNSERVED_FORMATS.get(self.format)
             if reason is None:
-                known = ", ".join([PROMISE_SYNC, *UNSERVED_FORMATS])
+                known = ", ".join(
+                    [PROMISE_SYNC, *TOKEN_FORMATS, *UNSERVED_FORMATS])
                 raise ValueError(f"unknown format {self.format!r} (known: "
                                  f"{known})")
             raise ValueError(f"format {self.format!r}: {reason}")
@@ -323,6 +339,8 @@ def checked_special_kwargs(value: Any,
     """
     try:
         parsed = read_special_kwargs(value)
+        if parsed.format in TOKEN_FORMATS:
+            raise ValueError(f"format {parsed.format!r}: {NOT_YET_SERVED}")
         if model is None:
             return parsed
         return parsed.for_model(model.tokenizer, model.vocab_size,

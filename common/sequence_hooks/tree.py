@@ -70,6 +70,9 @@ class PromiseNode:
     parent: Optional["PromiseNode"] = field(default=None,
                                             compare=False,
                                             repr=False)
+    # Its label, where a format names its branches (ThreadWeaver's
+    # outline labels); None otherwise.
+    label: Optional[str] = None
 
     @property
     def is_finished(self) -> bool:
@@ -144,6 +147,7 @@ class PromiseNode:
             "merged_spans": [list(span) for span in self.merged_spans],
             "logprobs": logprobs,
             "cumulative_logprob": self.cumulative_logprob,
+            "label": self.label,
             "children":
             [child.to_dict(top_logprobs) for child in self.children],
         }
@@ -174,7 +178,7 @@ class PromiseNode:
                    data["num_merged_tokens"],
                    tuple(tuple(span) for span in data["merged_spans"]),
                    data["fork_position"], logprobs, data["cumulative_logprob"],
-                   parent)
+                   parent, data.get("label"))
         # As in `LiveNode.snapshot`: children point back at the node.
         object.__setattr__(
             node, "children",
@@ -233,6 +237,8 @@ class LiveNode:
     # When it was last parked by <sync> (time.monotonic()); None while not
     # parked.
     parked_since: Optional[float] = field(default=None, repr=False)
+    # Its label, where a format names its branches; None otherwise.
+    label: Optional[str] = None
 
     @property
     def is_finished(self) -> bool:
@@ -265,7 +271,7 @@ class LiveNode:
             tuple(self.token_ids), self.finish_reason, self.num_merged_tokens,
             tuple(self.merged_spans), self.fork_position,
             None if self.logprobs is None else tuple(self.logprobs),
-            self.cumulative_logprob, parent)
+            self.cumulative_logprob, parent, self.label)
         # The children point back at the node: set them once it exists
         # (the dataclass is frozen to users, not to its builder).
         object.__setattr__(
@@ -297,14 +303,18 @@ class LiveTree:
     def __post_init__(self) -> None:
         self.nodes[self.root.request_id] = self.root
 
-    def record_child(self, node: LiveNode, request_id: str,
-                     fork_position: int) -> LiveNode:
+    def record_child(self,
+                     node: LiveNode,
+                     request_id: str,
+                     fork_position: int,
+                     label: Optional[str] = None) -> LiveNode:
         """Records a child spawned by ``node``.
 
         Args:
             node: The promising sequence's node.
             request_id: The child's request id.
             fork_position: ``node``'s own tokens in the child's context.
+            label: Its label, where a format names branches.
 
         Returns:
             The child's node.
@@ -312,7 +322,8 @@ class LiveTree:
         child = LiveNode(request_id,
                          depth=node.depth + 1,
                          parent=node,
-                         fork_position=fork_position)
+                         fork_position=fork_position,
+                         label=label)
         node.children.append(child)
         self.nodes[request_id] = child
         self.num_spawned += 1

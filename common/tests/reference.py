@@ -264,6 +264,9 @@ class ReferenceEngine:
             ],
             "cumulative_logprob":
             node.cumulative,
+            # Promise/sync names no branch.
+            "label":
+            None,
             "children": [self._tree(child) for child in node.children],
         }
 

@@ -49,20 +49,30 @@ def test_every_form_reads_as_the_same_configuration(given):
         **FIELDS
     }, "format 'npr': its model is trained for a join that reuses"),
     ({
-        "format": "threadweaver"
-    }, "format 'threadweaver': not served in-engine yet"),
-    ({
-        "format": "apr"
-    }, "format 'apr': not served in-engine yet"),
+        "format": "threadweaver",
+        "sync_token": "<sync>"
+    }, "format 'threadweaver' reads its own tags: sync_token given beside "
+     "it belong to promise_sync"),
 ],
                          ids=[
                              "unknown-key", "bad-json", "no-promise", "list",
                              "unknown-format", "multiverse", "npr",
-                             "threadweaver", "apr"
+                             "format-mixed-with-promise-sync"
                          ])
 def test_a_bad_configuration_is_refused_with_its_reason(given, reason):
     with pytest.raises(ValueError, match=reason):
         SpecialKwargs.parse(given)
+
+
+@pytest.mark.parametrize("name", ["threadweaver", "apr"])
+def test_a_format_the_engines_do_not_serve_yet_is_refused_at_start(name):
+    # The lifecycle reads it (`format_lifecycle`); every engine's start
+    # check refuses it, with one reason.
+    assert SpecialKwargs.parse({"format": name}).format == name
+    with pytest.raises(ValueError,
+                       match=f"^special_kwargs: format '{name}': not served "
+                       "in-engine yet"):
+        checked_special_kwargs({"format": name})
 
 
 class WordTokenizer:

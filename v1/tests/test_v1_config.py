@@ -152,3 +152,12 @@ def test_a_server_flag_is_parsed_once_in_the_api_process(
     worker(tiny_model_path, carried)
     engine_core(tiny_model_path, carried)
     assert (len(parses), len(checks)) == (1, 1)
+
+
+@pytest.mark.parametrize("name", ["threadweaver", "apr"])
+def test_a_format_not_served_yet_is_refused_by_the_flag(name, capsys):
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--special-kwargs", json.dumps({"format": name})])
+    assert (f"argument --special-kwargs: format '{name}': not served "
+            "in-engine yet") in capsys.readouterr().err

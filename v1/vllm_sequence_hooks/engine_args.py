@@ -40,7 +40,7 @@ from vllm_sequence_hooks.config import (CONFIG_KEY, hooked_settings,
                                         refuse_unservable, special_kwargs_of)
 from vllm_sequence_hooks.server_metrics import show_engine_core_metrics
 
-from sequence_hooks.special_kwargs import (fields_of, read_special_kwargs,
+from sequence_hooks.special_kwargs import (checked_special_kwargs, fields_of,
                                            refusal_reason)
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs, EngineArgs
@@ -70,9 +70,12 @@ class SpecialKwargsAction(argparse.Action):
                  values: Any,
                  option_string: Any = None) -> None:
         try:
-            parsed = read_special_kwargs(values)
+            parsed = checked_special_kwargs(values)
         except ValueError as e:
-            raise argparse.ArgumentError(self, refusal_reason(e)) from e
+            # The reason without its "special_kwargs: " (argparse names
+            # the flag).
+            raise argparse.ArgumentError(self, refusal_reason(e.__cause__
+                                                              or e)) from e
         setattr(namespace, self.dest, fields_of(parsed))
 
 

@@ -1,0 +1,179 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The lifecycle of a fork/join format whose model forks at a trigger
+token: what the published formats need beside promise/sync
+(docs/formats.md; ThreadWeaver's is `sequence_hooks.threadweaver`).
+
+`FormatCoordinator` is `PromiseCoordinator` with other events: a member
+that samples the format's trigger token forks the branches the format
+reads from its context, each with its own forced header tokens and stop
+ids, and is parked at the trigger (no sync token); once they have all
+finished it gets the join the format builds from their tokens (a template
+at token level) and resumes, or ends there (`Conclude`) when the format,
+its step limit, the budget or the model length says so. Branches never
+fork again. Everything else (records, aborts, trees, metrics) is the
+promise/sync lifecycle's.
+
+A format is data plus two functions (`ForkJoinFormat`): which branches a
+context forks, and what their results join into.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Action, Conclude,
+                                    EngineQueries, RequestParams, Resume,
+                                    StartTree)
+from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.members import Member
+from sequence_hooks.special_kwargs import SpecialKwargs
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A branch a trigger forks."""
+
+    label: str
+    # Appended to the forking member's whole context: the branch's header.
+    context_tokens: tuple[int, ...]
+    # Where it stops besides its request's stop ids (kept as its last
+    # token).
+    stop_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class BranchResult:
+    """What a finished branch produced."""
+
+    label: str
+    # Its own tokens (after its header), a matched stop id last.
+    token_ids: tuple[int, ...]
+    # "stop" or "length" (or "abort").
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class Joined:
+    """What a join appends to the forking member."""
+
+    token_ids: tuple[int, ...]
+    # Whether the member ends after them (the format's final join).
+    final: bool
+
+
+class ForkJoinFormat(Protocol):
+    """A format, as the lifecycle needs it."""
+
+    # The token whose sampling forks.
+    trigger_id: int
+    # Calls a controller makes before it gives up (each run of the
+    # member's own decoding and each fork counts one).
+    max_steps: int
+
+    def branches(self, context: Sequence[int]) -> list[Branch]:
+        """The branches a member forks at the trigger, given its whole
+        token ids (the trigger last); none: it decodes on."""
+        ...
+
+    def join(self, results: Sequence[BranchResult]) -> Joined:
+        """What the branches' results append to their parent."""
+        ...
+
+
+class FormatCoordinator(PromiseCoordinator):
+    """Every fork/join decision of one engine's trees in a format.
+
+    Args:
+        fork_join_format: The format.
+        special_kwargs: The limits (`max_children_per_sequence` caps the
+            branches of one fork; `critical_path_first`).
+        queries: What the coordinator asks the engine (read-only).
+        max_model_len: The engine's longest sequence.
+        metrics: `SequenceHookMetrics` to update; None: none.
+    """
+
+    def __init__(self,
+                 fork_join_format: ForkJoinFormat,
+                 special_kwargs: SpecialKwargs,
+                 queries: EngineQueries,
+                 max_model_len: int,
+                 metrics=None):
+        super().__init__(special_kwargs, queries, max_model_len, (), metrics)
+        self.format = fork_join_format
+        # Per forking root, the controller's steps so far.
+        self._steps: dict[str, int] = {}
+
+    def sampled(self, member_id: str, token_id: int, length: int,
+                params: Callable[[], RequestParams]) -> list[Action]:
+        """A member sampled ``token_id``: the trigger forks its branches
+        and parks it; any other token is no event.
+
+        Args:
+            member_id: The sampling member (any request the first time).
+            token_id: The token it sampled last.
+            length: Its token count, the token included.
+            params: Reads its request's parameters (at a first trigger).
+
+        Returns:
+            `StartTree` at a request's first trigger; then its `Fork`s and
+            its `Park`, or `Conclude` past the step limit; none without a
+            branch.
+        """
+        if token_id != self.format.trigger_id or self.is_child(member_id):
+            return []
+        actions: list[Action] = []
+        member = self._members.get(member_id)
+        if member is None:
+            member = self._track_root(member_id, params())
+            actions.append(StartTree(member_id, member.tree.state))
+        branches = self.format.branches(self.queries.token_ids(member_id))
+        # The trigger ended a call: the next (a fork, or decoding on) is
+        # another step.
+        steps = self._steps[member_id] = self._steps.get(member_id, 1) + 1
+        if steps > self.format.max_steps:
+            return actions + [Conclude(member_id, (), MERGED_TOKEN_LOGPROB)]
+        if not branches:
+            return actions
+        limit = self.special_kwargs.max_children_per_sequence
+        member.tree.state.num_refused += max(len(branches) - limit, 0)
+        for branch in branches[:limit]:
+            # Each branch is a call of its own, with the request's seed.
+            actions.append(
+                self._fork(member, length, branch.context_tokens, member.seed,
+                           None, branch.stop_token_ids, branch.label))
+        actions.append(self._park(member, length))
+        return actions
+
+    def _merge(self, member: Member, length: int) -> list[Action]:
+        """The branches' join, by the format's template: the member's
+        resume, or its end."""
+        tree, node = member.tree.state, member.node
+        children = tree.take_unmerged(node)
+        self._unpark(node)
+        joined = self.format.join([
+            BranchResult(child.label or "", tuple(child.token_ids),
+                         child.finish_reason or "abort") for child in children
+        ])
+        root_id = node.request_id
+        self._steps[root_id] += 1
+        token_ids = joined.token_ids
+        budget = member.tree.params.max_tokens
+        used = length - member.start
+        final = (joined.final or self._steps[root_id] > self.format.max_steps
+                 or length + len(token_ids) >= self.max_model_len
+                 or budget is not None and used + len(token_ids) >= budget)
+        if budget is not None:
+            token_ids = token_ids[:max(budget - used, 0)]
+        tree.record_merged_tokens(node, used, len(token_ids))
+        self.metrics.merged_tokens.inc(len(token_ids))
+        if final:
+            return [Conclude(root_id, token_ids, MERGED_TOKEN_LOGPROB)]
+        seed = (member.seed if member.seed is not None
+                and self.queries.reseeds_on_resume(root_id, len(token_ids))
+                else None)
+        return [Resume(root_id, token_ids, MERGED_TOKEN_LOGPROB, seed)]
+
+    def _forget(self, member: Member) -> None:
+        self._steps.pop(member.tree.state.root.request_id, None)
+        super()._forget(member)
