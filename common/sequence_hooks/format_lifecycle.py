@@ -104,6 +104,11 @@ class FormatCoordinator(PromiseCoordinator):
         # Per forking root, the controller's steps so far.
         self._steps: dict[str, int] = {}
 
+    @property
+    def forking_token_id(self) -> int:
+        """The format's trigger."""
+        return self.format.trigger_id
+
     def sampled(self, member_id: str, token_id: int, length: int,
                 params: Callable[[], RequestParams]) -> list[Action]:
         """A member sampled ``token_id``: the trigger forks its branches

@@ -93,6 +93,11 @@ class PromiseCoordinator:
 
     # Queries.
 
+    @property
+    def forking_token_id(self) -> Optional[int]:
+        """The token whose sampling may start a tree (`<promise>`)."""
+        return self.special_kwargs.promise_token_id
+
     def tree_of(self, member_id: str) -> Optional[LiveTree]:
         """The live tree ``member_id`` belongs to; None if none."""
         member = self._members.get(member_id)

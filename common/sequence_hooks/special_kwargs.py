@@ -34,6 +34,14 @@ _KV_SPLICE = ("its model is trained for a join that reuses the children's "
 NOT_YET_SERVED = ("not served in-engine yet: its controller runs from the "
                   "client on stock vLLM (docs/formats.md)")
 TOKEN_FORMATS = ("threadweaver", "apr")
+# The tags a format reads, by role (each must be one token of the model).
+FORMAT_TAGS = {
+    "threadweaver": {
+        "outlines": "<Outlines>",
+        "trigger": "</Outlines>",
+        "thread_end": "</Thread>",
+    },
+}
 UNSERVED_FORMATS = {
     "multiverse": _KV_SPLICE,
     "npr": _KV_SPLICE,
@@ -231,6 +239,12 @@ class SpecialKwargs:
             ValueError: naming the token that does not fit the model.
         """
         resolved = self if self.is_resolved else self.resolve(tokenizer())
+        for role, tag in FORMAT_TAGS.get(self.format, {}).items():
+            found = tokenizer().encode(tag, add_special_tokens=False)
+            if len(found) != 1:
+                raise ValueError(f"format {self.format!r}: its {role} tag "
+                                 f"{tag!r} is not one token of the model "
+                                 f"(it encodes as {found})")
         resolved._check_vocab_size(vocab_size)
         resolved._check_not_eos(eos_token_id)
         return resolved
@@ -318,9 +332,11 @@ def read_special_kwargs(value: Any) -> SpecialKwargs:
     return _READ[key]
 
 
-def checked_special_kwargs(value: Any,
-                           model: Optional[ModelTokens] = None
-                           ) -> SpecialKwargs:
+def checked_special_kwargs(
+    value: Any,
+    model: Optional[ModelTokens] = None,
+    served: tuple[str, ...] = (PROMISE_SYNC, )
+) -> SpecialKwargs:
     """Reads `special_kwargs` and checks it against ``model``: what every
     process that takes the setting runs (on V1 the API process, the engine
     core and the workers; on V0 the engine's start), so a bad setting gets
@@ -330,6 +346,8 @@ def checked_special_kwargs(value: Any,
         value: A SpecialKwargs, a dict of its fields or its JSON.
         model: The model to check it against; None: read only (where no
             model is known yet).
+        served: The formats the calling engine serves (the others that
+            the lifecycle knows are refused: `NOT_YET_SERVED`).
 
     Returns:
         The configuration; with ``model``, every token given by id.
@@ -339,7 +357,7 @@ def checked_special_kwargs(value: Any,
     """
     try:
         parsed = read_special_kwargs(value)
-        if parsed.format in TOKEN_FORMATS:
+        if parsed.format not in served:
             raise ValueError(f"format {parsed.format!r}: {NOT_YET_SERVED}")
         if model is None:
             return parsed

@@ -21,14 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sequence_hooks.format_lifecycle import Branch, BranchResult, Joined
+from sequence_hooks.special_kwargs import FORMAT_TAGS
 
 LABEL_PATTERN = re.compile(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:")
 # The tags the format reads, by role; each must be one token.
-TAGS = {
-    "outlines": "<Outlines>",
-    "trigger": "</Outlines>",
-    "thread_end": "</Thread>",
-}
+TAGS = FORMAT_TAGS["threadweaver"]
 CLOSURE = "\n</Thread>"
 CONTINUATION, FINAL = "\n", "\n</Parallel>"
 CONCLUSION_CONTINUATION = "\n<Conclusion>\n"

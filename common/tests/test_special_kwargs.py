@@ -65,14 +65,17 @@ def test_a_bad_configuration_is_refused_with_its_reason(given, reason):
 
 
 @pytest.mark.parametrize("name", ["threadweaver", "apr"])
-def test_a_format_the_engines_do_not_serve_yet_is_refused_at_start(name):
-    # The lifecycle reads it (`format_lifecycle`); every engine's start
-    # check refuses it, with one reason.
+def test_a_format_an_engine_does_not_serve_is_refused_at_start(name):
+    # It reads as data; the start check of an engine that does not serve
+    # it (by default: promise/sync only, V0's) refuses it, with one reason.
     assert SpecialKwargs.parse({"format": name}).format == name
     with pytest.raises(ValueError,
                        match=f"^special_kwargs: format '{name}': not served "
                        "in-engine yet"):
         checked_special_kwargs({"format": name})
+    served = checked_special_kwargs({"format": name},
+                                    served=("promise_sync", name))
+    assert served.format == name
 
 
 class WordTokenizer:

@@ -154,10 +154,22 @@ def test_a_server_flag_is_parsed_once_in_the_api_process(
     assert (len(parses), len(checks)) == (1, 1)
 
 
-@pytest.mark.parametrize("name", ["threadweaver", "apr"])
-def test_a_format_not_served_yet_is_refused_by_the_flag(name, capsys):
+def test_a_format_not_served_yet_is_refused_by_the_flag(capsys):
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     with pytest.raises(SystemExit):
-        parser.parse_args(["--special-kwargs", json.dumps({"format": name})])
-    assert (f"argument --special-kwargs: format '{name}': not served "
+        parser.parse_args(["--special-kwargs", json.dumps({"format": "apr"})])
+    assert ("argument --special-kwargs: format 'apr': not served "
             "in-engine yet") in capsys.readouterr().err
+
+
+def test_a_format_whose_tags_the_model_lacks_is_refused_in_every_process(
+        tiny_model_path):
+    reasons = []
+    for check in (api_process, engine_core, worker):
+        with pytest.raises(ValueError) as refusal:
+            check(tiny_model_path, {"format": "threadweaver"})
+        reasons.append(str(refusal.value))
+    assert reasons[0].startswith(
+        "special_kwargs: format 'threadweaver': its outlines tag "
+        "'<Outlines>' is not one token of the model"), reasons[0]
+    assert reasons == [reasons[0]] * 3

@@ -18,20 +18,19 @@ from typing import Any, Callable, Optional
 
 from vllm_sequence_hooks.stop_strings import StopStringChecks, frontend_text
 from vllm_sequence_hooks.transport import (ChildPreemptions, SampleTrees,
+                                           append_logprob_rows,
                                            append_merged_tokens, attach_tree)
 
-from sequence_hooks.actions import (Abort, Action, Fork, MemberResult, Park,
-                                    ReportTree, RequestParams, Resume,
-                                    StartTree)
-from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.actions import (Abort, Action, Conclude, Fork,
+                                    MemberResult, Park, ReportTree,
+                                    RequestParams, Resume, StartTree)
+from sequence_hooks.coordinators import coordinator_for
 from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.ordering import CriticalPathOrder
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.texts import decode_own, encode_merge
-from vllm.logprobs import append_logprobs_for_next_position
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
-from vllm.v1.outputs import LogprobsLists
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 
@@ -52,6 +51,7 @@ _CARRIERS = {
     Fork: "_fork",
     Park: "_park",
     Resume: "resume",
+    Conclude: "_conclude",
     Abort: "_abort",
     ReportTree: "_report_tree",
 }
@@ -80,9 +80,9 @@ class SequenceHooks:
         # V0's `vllm:sequence_hook_*` metrics (docs/v1.md: how they reach
         # `/metrics` from the engine core's process).
         self.metrics = SequenceHookMetrics(served_model_name)
-        self.coordinator = PromiseCoordinator.for_tokenizer(
-            special_kwargs, self, scheduler.max_model_len, tokenizer,
-            self.metrics)
+        self.coordinator = coordinator_for(special_kwargs, self,
+                                           scheduler.max_model_len, tokenizer,
+                                           self.metrics)
         # The queues' order before each step (upstream's own heaps order
         # plain requests by priority under that policy).
         self.order = CriticalPathOrder.for_scheduler(
@@ -122,9 +122,10 @@ class SequenceHooks:
             engine_outputs: Upstream's outputs of this step.
         """
         if not (members or len(self.sample_trees)
-                or self._sampled_a_promise(engine_outputs)):
-            # No tree, no sample of an `n > 1` request, no promise: the
-            # stock outputs as they are (the hot path without hooks).
+                or self._sampled_a_fork(engine_outputs)):
+            # No tree, no sample of an `n > 1` request, no promise (or
+            # format trigger): the stock outputs as they are (the hot path
+            # without hooks).
             return
         step = _Step({
             out.request_id: out
@@ -181,10 +182,10 @@ class SequenceHooks:
         """A new request: notes the samples of `n > 1` requests."""
         self.sample_trees.added(request_id)
 
-    def _sampled_a_promise(
-            self, engine_outputs: dict[int, EngineCoreOutputs]) -> bool:
-        promise = self.special_kwargs.promise_token_id
-        return any(out.new_token_ids and out.new_token_ids[-1] == promise
+    def _sampled_a_fork(self, engine_outputs: dict[int,
+                                                   EngineCoreOutputs]) -> bool:
+        fork = self.coordinator.forking_token_id
+        return any(out.new_token_ids and out.new_token_ids[-1] == fork
                    for outputs in engine_outputs.values()
                    for out in outputs.outputs)
 
@@ -197,7 +198,8 @@ class SequenceHooks:
         if self.coordinator.is_finished(request_id):
             return
         if out.new_logprobs is not None and request_id in self.child_logprobs:
-            self._record_logprobs(request_id, out.new_logprobs)
+            append_logprob_rows(self.child_logprobs[request_id],
+                                out.new_logprobs)
         if out.finish_reason is not None:
             if self.coordinator.is_member(request_id):
                 self._finished(request, str(out.finish_reason), step)
@@ -253,17 +255,6 @@ class SequenceHooks:
                 request_id, reason,
                 MemberResult(token_ids, text,
                              self.child_logprobs.pop(request_id, None))), step)
-
-    def _record_logprobs(self, request_id: str,
-                         new_logprobs: LogprobsLists) -> None:
-        """Keeps a child's sampled tokens' logprobs for its tree node."""
-        logprobs = self.child_logprobs[request_id]
-        token_ids, values, ranks, _ = new_logprobs
-        for row_ids, row_logprobs, rank in zip(token_ids, values, ranks):
-            append_logprobs_for_next_position(logprobs, row_ids.tolist(),
-                                              row_logprobs.tolist(),
-                                              [None] * len(row_ids), int(rank),
-                                              len(row_ids) - 1)
 
     def _check_root_stop_strings(self, out: EngineCoreOutput,
                                  step: _Step) -> None:
@@ -329,6 +320,13 @@ class SequenceHooks:
                              else scheduler.max_model_len - len(context))
         params.min_tokens = child.min_tokens
         params.seed = child.seed
+        if child.stop_token_ids:
+            # A format's branch ends (kept as its last token, which
+            # `check_stop` does for a stop id).
+            params.stop_token_ids = list(
+                dict.fromkeys(
+                    [*(params.stop_token_ids or ()), *child.stop_token_ids]))
+            params._all_stop_token_ids.update(child.stop_token_ids)
         request = Request(
             request_id=child.request_id,
             prompt_token_ids=context,
@@ -390,12 +388,35 @@ class SequenceHooks:
         if token_ids and not self.coordinator.is_child(member_id):
             # The root's stream shows its merged tokens; a child's never
             # leave the engine core.
-            out = step.outputs.get(member_id)
-            if out is None:
-                out = EngineCoreOutput(request_id=member_id, new_token_ids=[])
-                step.outputs[member_id] = out
-                step.extra.setdefault(request.client_index, []).append(out)
-            append_merged_tokens(out, request, token_ids, resume.token_logprob)
+            append_merged_tokens(self._output_of(request, step), request,
+                                 token_ids, resume.token_logprob)
+
+    def _conclude(self, action: Conclude, step: Optional[_Step]) -> None:
+        """Ends a format's root after its last join: the tokens go to its
+        output, uncomputed, and it finishes "stop" with its tree."""
+        member_id, token_ids = action.member_id, list(action.token_ids)
+        request = self.scheduler.requests[member_id]
+        own = [*request.all_token_ids[self.coordinator.own_start(member_id):]]
+        out = self._output_of(request, step)
+        append_merged_tokens(out, request, token_ids, action.token_logprob)
+        out.finish_reason = FinishReason.STOP
+        self.end_requests(member_id, RequestStatus.FINISHED_STOPPED)
+        skip = request.sampling_params.skip_special_tokens
+        self._finished(
+            request, "stop", step,
+            self.tokenizer.decode(own + token_ids, skip_special_tokens=skip),
+            own + token_ids)
+
+    @staticmethod
+    def _output_of(request: Request, step: _Step) -> EngineCoreOutput:
+        """A root's output of this step, added if it sampled nothing."""
+        out = step.outputs.get(request.request_id)
+        if out is None:
+            out = EngineCoreOutput(request_id=request.request_id,
+                                   new_token_ids=[])
+            step.outputs[request.request_id] = out
+            step.extra.setdefault(request.client_index, []).append(out)
+        return out
 
     def _abort(self, action: Abort, step: Optional[_Step]) -> None:
         for member_id in action.member_ids:
@@ -419,6 +440,9 @@ class SequenceHooks:
     def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
         # The model runner keeps a resumed session's generator.
         return False
+
+    def token_ids(self, member_id: str) -> list[int]:
+        return list(self.scheduler.requests[member_id].all_token_ids)
 
     def encode(self, member_id: str, text: str) -> list[int]:
         return encode_merge(self.tokenizer, text)

@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Runs a format in-engine (the V1 plugin, offline `LLM` with
+``special_kwargs={"format": ...}``) in a process of its own and writes
+each answer as JSON: its token ids, text, finish reason and tree.
+
+Usage (in .venv-v1): python -m sequence_hooks_testkit.formats.run_in_engine
+    MODEL FORMAT CASES.json OUT.json
+
+CASES.json is a list of cases, each ``{"name", "prompts": [text],
+"max_tokens": N or null}`` (greedy; fp32, eager, the same engine settings
+as `run_threadweaver`'s stock side).
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model")
+    parser.add_argument("format")
+    parser.add_argument("cases", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--max-model-len", type=int, default=512)
+    args = parser.parse_args()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import vllm_sequence_hooks
+    from vllm_sequence_hooks.outputs import promise_tree
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    assert vllm_sequence_hooks
+    llm = LLM(model=args.model,
+              max_model_len=args.max_model_len,
+              enforce_eager=True,
+              dtype="float32",
+              seed=0,
+              special_kwargs={"format": args.format})
+    tokenizer = llm.get_tokenizer()
+    results = []
+    for case in json.loads(args.cases.read_text()):
+        prompts = [
+            TokensPrompt(prompt_token_ids=tokenizer.encode(
+                text, add_special_tokens=False)) for text in case["prompts"]
+        ]
+        outputs = llm.generate(prompts,
+                               SamplingParams(temperature=0.0,
+                                              max_tokens=case["max_tokens"]),
+                               use_tqdm=False)
+        answers = []
+        for output in outputs:
+            completion = output.outputs[0]
+            tree = promise_tree(output)
+            answers.append({
+                "token_ids": list(completion.token_ids),
+                "text": completion.text,
+                "finish_reason": completion.finish_reason,
+                "tree": None if tree is None else tree.to_dict(),
+            })
+        results.append({"name": case["name"], "answers": answers})
+    args.out.write_text(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
