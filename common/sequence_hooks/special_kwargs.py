@@ -31,8 +31,9 @@ _KV_SPLICE = ("its model is trained for a join that reuses the children's "
 # Formats the lifecycle knows (`sequence_hooks.format_lifecycle`) but the
 # engines do not serve yet: refused by the start check
 # (`checked_special_kwargs`), with this reason.
-NOT_YET_SERVED = ("not served in-engine yet: its controller runs from the "
-                  "client on stock vLLM (docs/formats.md)")
+NOT_YET_SERVED = ("not served in-engine yet by this engine: its controller "
+                  "runs from the client on stock vLLM (docs/formats.md says "
+                  "which engine serves which format)")
 TOKEN_FORMATS = ("threadweaver", "apr")
 # The tags a format reads, by role (each must be one token of the model).
 FORMAT_TAGS = {

@@ -88,6 +88,15 @@ def test_conflicting_options_are_refused(tiny_model_path, hooks, options,
         engine_config(tiny_model_path, special_kwargs=hooks, **options)
 
 
+def test_a_format_v0_does_not_serve_is_refused_at_start(tiny_model_path):
+    # ThreadWeaver's is served by the V1 plugin only (docs/formats.md).
+    with pytest.raises(ValueError,
+                       match="^special_kwargs: format 'threadweaver': not "
+                       "served in-engine yet by this engine"):
+        engine_config(tiny_model_path,
+                      special_kwargs={"format": "threadweaver"})
+
+
 def test_v1_engine_is_refused(tiny_model_path, hooks, monkeypatch):
     monkeypatch.setenv("VLLM_USE_V1", "1")
     with pytest.raises(ValueError, match="V1 engine"):
