@@ -9,17 +9,24 @@ holds each thread's label and tokens as the controller's branches.
 Cases: the toy's held-out prompts with no budget (each call's budget the
 window left, as the reference's server gives it) and with a response
 budget (the controller's ``response_length``, the request's
-``max_tokens`` in-engine).
+``max_tokens`` in-engine); offline (`LLM(..., special_kwargs=)`) and over
+the OpenAI completions API (`vllm serve --special-kwargs`), whole and
+streamed.
 """
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import requests
 
+from sequence_hooks_testkit.server import (spawn_logged, stop_server,
+                                           wait_healthy)
 from sequence_hooks_testkit.training import threadweaver_task as task_mod
+from sequence_hooks_testkit.v1_server import free_port
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
 TOKENIZER = task_mod.build_tokenizer()
@@ -90,3 +97,70 @@ def test_the_tree_holds_each_thread_as_the_controllers_branch(answers):
                 for c in children] == [b["token_ids"] for b in branches]
         assert [c["finish_reason"]
                 for c in children] == [b["finish_reason"] for b in branches]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """`vllm serve` of the toy with the format, as a user starts it."""
+    log = tmp_path_factory.mktemp("served") / "server.log"
+    port = free_port()
+    process = spawn_logged([
+        str(Path(sys.executable).with_name("vllm")), "serve",
+        str(MODEL), "--host", "127.0.0.1", "--port",
+        str(port), "--max-model-len", "512", "--enforce-eager", "--dtype",
+        "float32", "--seed", "0", "--gpu-memory-utilization", "0.05",
+        "--special-kwargs",
+        json.dumps({"format": "threadweaver"})
+    ],
+                           log,
+                           env=dict(os.environ,
+                                    VLLM_ENABLE_V1_MULTIPROCESSING="1",
+                                    VLLM_CPU_KVCACHE_SPACE="1"))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(process, url, log, 600)
+        yield url
+    finally:
+        stop_server(process)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_over_the_api_the_engine_answers_as_the_controller(
+        answers, served, stream):
+    controller, _ = answers
+    expected = [per[0] for per in controller["no budget"]["rollouts"]]
+    for prompt, want in zip(PROMPTS, expected):
+        prompt_ids = TOKENIZER.encode(prompt, add_special_tokens=False)
+        body = {
+            "model": str(MODEL),
+            "prompt": prompt_ids,
+            "max_tokens": 512 - len(prompt_ids),
+            "temperature": 0.0,
+            "return_token_ids": True,
+            "stream": stream,
+        }
+        response = requests.post(served + "/v1/completions",
+                                 json=body,
+                                 stream=stream,
+                                 timeout=300)
+        response.raise_for_status()
+        if stream:
+            chunks = [
+                json.loads(line[len(b"data: "):])
+                for line in response.iter_lines()
+                if line.startswith(b"data: ") and line != b"data: [DONE]"
+            ]
+            token_ids = [
+                t for chunk in chunks for choice in chunk["choices"]
+                for t in choice.get("token_ids") or ()
+            ]
+            tree = chunks[-1].get("kv_transfer_params", {}).get("promise_tree")
+        else:
+            answer = response.json()
+            token_ids = answer["choices"][0]["token_ids"]
+            tree = (answer.get("kv_transfer_params") or {}).get("promise_tree")
+        assert token_ids == want["token_ids"]
+        branches = [b for fork in want["forks"] for b in fork["branches"]]
+        if branches and not stream:
+            assert [c["label"] for c in tree["children"]
+                    ] == [b["label"] for b in branches]
