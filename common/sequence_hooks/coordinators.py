@@ -35,5 +35,6 @@ def coordinator_for(special_kwargs: SpecialKwargs,
         return PromiseCoordinator.for_tokenizer(special_kwargs, queries,
                                                 max_model_len, tokenizer,
                                                 metrics)
-    return FormatCoordinator(ThreadWeaverFormat.for_tokenizer(tokenizer),
-                             special_kwargs, queries, max_model_len, metrics)
+    return FormatCoordinator(
+        ThreadWeaverFormat.for_tokenizer(tokenizer, special_kwargs.tags),
+        special_kwargs, queries, max_model_len, metrics)

@@ -97,6 +97,14 @@ class SpecialKwargs:
     "apr" (whose tags are the format's; the engines refuse them until they
     serve them, `checked_special_kwargs`). "multiverse" and "npr" are
     refused with their reason (`UNSERVED_FORMATS`)."""
+    format_tags: Optional[dict[str, str]] = None
+    """A format's tag strings by role, replacing its own (`FORMAT_TAGS`),
+    for a model trained with other tags; each must be one token."""
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """The format's tags by role, with ``format_tags`` applied."""
+        return {**FORMAT_TAGS.get(self.format, {}), **(self.format_tags or {})}
 
     @model_validator(mode="after")
     def _check(self) -> "SpecialKwargs":
@@ -110,7 +118,17 @@ class SpecialKwargs:
                 raise ValueError(f"format {self.format!r} reads its own "
                                  f"tags: {', '.join(given)} given beside it "
                                  "belong to promise_sync")
+            unknown = set(self.format_tags or {}) - set(
+                FORMAT_TAGS.get(self.format, {}))
+            if unknown:
+                raise ValueError(
+                    f"format {self.format!r} has no tag role(s) "
+                    f"{sorted(unknown)} (its roles: "
+                    f"{sorted(FORMAT_TAGS.get(self.format, {}))})")
             return self
+        if self.format_tags is not None:
+            raise ValueError("format_tags belong to a format's tags; "
+                             f"format {self.format!r} has none")
         if self.format != PROMISE_SYNC:
             reason = UNSERVED_FORMATS.get(self.format)
             if reason is None:
@@ -240,7 +258,7 @@ class SpecialKwargs:
             ValueError: naming the token that does not fit the model.
         """
         resolved = self if self.is_resolved else self.resolve(tokenizer())
-        for role, tag in FORMAT_TAGS.get(self.format, {}).items():
+        for role, tag in self.tags.items():
             found = tokenizer().encode(tag, add_special_tokens=False)
             if len(found) != 1:
                 raise ValueError(f"format {self.format!r}: its {role} tag "

@@ -53,11 +53,24 @@ def test_every_form_reads_as_the_same_configuration(given):
         "sync_token": "<sync>"
     }, "format 'threadweaver' reads its own tags: sync_token given beside "
      "it belong to promise_sync"),
+    ({
+        "format": "threadweaver",
+        "format_tags": {
+            "thread_start": "<T>"
+        }
+    }, "format 'threadweaver' has no tag role\\(s\\) \\['thread_start'\\]"),
+    ({
+        **FIELDS, "format_tags": {
+            "trigger": "<go>"
+        }
+    }, "format_tags belong to a format's tags; format 'promise_sync' has "
+     "none"),
 ],
                          ids=[
                              "unknown-key", "bad-json", "no-promise", "list",
                              "unknown-format", "multiverse", "npr",
-                             "format-mixed-with-promise-sync"
+                             "format-mixed-with-promise-sync",
+                             "unknown-tag-role", "tags-without-format"
                          ])
 def test_a_bad_configuration_is_refused_with_its_reason(given, reason):
     with pytest.raises(ValueError, match=reason):
@@ -159,3 +172,20 @@ def test_checked_special_kwargs_reads_and_resolves():
         }, ModelTokens(WordTokenizer, 3, 0))
     assert (resolved.sync_token_id, resolved.promise_token_id,
             resolved.is_resolved) == (1, 2, True)
+
+
+def test_a_formats_tags_are_its_own_unless_overridden():
+    own = SpecialKwargs.parse({"format": "threadweaver"})
+    assert own.tags == {
+        "outlines": "<Outlines>",
+        "trigger": "</Outlines>",
+        "thread_end": "</Thread>"
+    }
+    other = SpecialKwargs.parse({
+        "format": "threadweaver",
+        "format_tags": {
+            "trigger": "<go>"
+        }
+    })
+    assert other.tags["trigger"] == "<go>"
+    assert other.tags["outlines"] == "<Outlines>"

@@ -173,3 +173,25 @@ def test_a_format_whose_tags_the_model_lacks_is_refused_in_every_process(
         "special_kwargs: format 'threadweaver': its outlines tag "
         "'<Outlines>' is not one token of the model"), reasons[0]
     assert reasons == [reasons[0]] * 3
+
+
+def test_a_formats_tags_may_be_the_models_own_tokens(tiny_model_path,
+                                                     hook_ids):
+    """A model trained with other tags names them (`format_tags`): each
+    process accepts them when each is one token, and the scheduler runs
+    the format's lifecycle on them."""
+    special_kwargs = {
+        "format": "threadweaver",
+        "format_tags": {
+            "outlines": "<promise>",
+            "trigger": "<sync>",
+            "thread_end": "<child>"
+        }
+    }
+    api_process(tiny_model_path, special_kwargs)
+    worker(tiny_model_path, special_kwargs)
+    scheduler = engine_core(tiny_model_path, special_kwargs)
+    thread_format = scheduler.hooks.coordinator.format
+    assert (thread_format.outlines_id, thread_format.trigger_id,
+            thread_format.thread_end_id) == (hook_ids.promise, hook_ids.sync,
+                                             hook_ids.child)
