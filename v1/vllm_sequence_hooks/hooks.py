@@ -1,16 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The V1 engine's side of the promise/sync lifecycle.
+"""The V1 engine's side of the promise/sync lifecycle (or a format's).
 
 `SequenceHooks` turns a step's `EngineCoreOutput`s into the lifecycle's
-events and carries out the actions the engine-neutral `PromiseCoordinator`
-(`sequence_hooks.lifecycle`) returns for them, on V1 requests: a fork is
-a new request sharing its parent's KV blocks, a park and a resume are a
-streaming-input session's (`parking.KvParking`), merged tokens and a finished
-root's tree travel in the root's output (`transport`). It is held by the
-scheduler (`scheduler.SequenceHookScheduler`), which calls it after
-upstream's `update_from_output`; every step's context (its outputs) is a
-local of `update`, passed to each action.
+events and carries out the actions its coordinator
+(`sequence_hooks.coordinators`) returns, on V1 requests: a fork is a new
+request on its parent's KV blocks, a park and a resume are a streaming
+session's (`parking.KvParking`), merged tokens and a root's tree travel in
+its output (`transport`). The scheduler holds it and calls it after
+upstream's `update_from_output`; each step's outputs are a local of
+`update`, passed to each action.
 """
 
 from dataclasses import dataclass, field
@@ -396,16 +395,15 @@ class SequenceHooks:
         output, uncomputed, and it finishes "stop" with its tree."""
         member_id, token_ids = action.member_id, list(action.token_ids)
         request = self.scheduler.requests[member_id]
-        own = [*request.all_token_ids[self.coordinator.own_start(member_id):]]
+        start = self.coordinator.own_start(member_id)
+        own = [*request.all_token_ids[start:], *token_ids]
         out = self._output_of(request, step)
         append_merged_tokens(out, request, token_ids, action.token_logprob)
         out.finish_reason = FinishReason.STOP
         self.end_requests(member_id, RequestStatus.FINISHED_STOPPED)
         skip = request.sampling_params.skip_special_tokens
-        self._finished(
-            request, "stop", step,
-            self.tokenizer.decode(own + token_ids, skip_special_tokens=skip),
-            own + token_ids)
+        text = self.tokenizer.decode(own, skip_special_tokens=skip)
+        self._finished(request, "stop", step, text, own)
 
     @staticmethod
     def _output_of(request: Request, step: _Step) -> EngineCoreOutput:
