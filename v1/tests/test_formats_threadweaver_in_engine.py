@@ -35,6 +35,9 @@ PROMPTS = [
     for line in (MODEL / "prompts.jsonl").read_text().splitlines()
 ][:8]
 BUDGETS = {"no budget": None, "budget 60": 60}
+# The toy has no chat template: the server's renders the user's message
+# as it is, so a chat prompt is the completions prompt's text.
+CHAT_TEMPLATE = "{{ messages[0]['content'] }}"
 
 
 def run(module: str, args: list, cases: list, folder: Path) -> dict:
@@ -110,7 +113,8 @@ def served(tmp_path_factory):
         str(port), "--max-model-len", "512", "--enforce-eager", "--dtype",
         "float32", "--seed", "0", "--gpu-memory-utilization", "0.05",
         "--special-kwargs",
-        json.dumps({"format": "threadweaver"})
+        json.dumps({"format": "threadweaver"
+                    }), "--chat-template", CHAT_TEMPLATE
     ],
                            log,
                            env=dict(os.environ,
@@ -124,22 +128,27 @@ def served(tmp_path_factory):
         stop_server(process)
 
 
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_over_the_api_the_engine_answers_as_the_controller(
-        answers, served, stream):
+        answers, served, chat, stream):
     controller, _ = answers
     expected = [per[0] for per in controller["no budget"]["rollouts"]]
     for prompt, want in zip(PROMPTS, expected):
         prompt_ids = TOKENIZER.encode(prompt, add_special_tokens=False)
         body = {
             "model": str(MODEL),
-            "prompt": prompt_ids,
             "max_tokens": 512 - len(prompt_ids),
             "temperature": 0.0,
             "return_token_ids": True,
             "stream": stream,
         }
-        response = requests.post(served + "/v1/completions",
+        if chat:
+            body["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt_ids
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        response = requests.post(served + path,
                                  json=body,
                                  stream=stream,
                                  timeout=300)
@@ -154,13 +163,12 @@ def test_over_the_api_the_engine_answers_as_the_controller(
                 t for chunk in chunks for choice in chunk["choices"]
                 for t in choice.get("token_ids") or ()
             ]
-            tree = chunks[-1].get("kv_transfer_params", {}).get("promise_tree")
         else:
             answer = response.json()
             token_ids = answer["choices"][0]["token_ids"]
             tree = (answer.get("kv_transfer_params") or {}).get("promise_tree")
+            branches = [b for fork in want["forks"] for b in fork["branches"]]
+            if branches:
+                assert [c["label"] for c in tree["children"]
+                        ] == [b["label"] for b in branches]
         assert token_ids == want["token_ids"]
-        branches = [b for fork in want["forks"] for b in fork["branches"]]
-        if branches and not stream:
-            assert [c["label"] for c in tree["children"]
-                    ] == [b["label"] for b in branches]
