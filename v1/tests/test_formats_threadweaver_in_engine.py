@@ -10,8 +10,8 @@ Cases: the toy's held-out prompts with no budget (each call's budget the
 window left, as the reference's server gives it) and with a response
 budget (the controller's ``response_length``, the request's
 ``max_tokens`` in-engine); offline (`LLM(..., special_kwargs=)`) and over
-the OpenAI completions API (`vllm serve --special-kwargs`), whole and
-streamed.
+the OpenAI API (`vllm serve --special-kwargs`), completions and chat,
+whole and streamed.
 """
 
 import json
