@@ -292,7 +292,16 @@ SCHEDULER_SEAMS: tuple[Seam, ...] = (
          "a child's parameters; a text without stop strings", PUBLIC_API),
     Seam(
         "vllm.sampling_params:SamplingParams.{stop,seed,min_tokens,"
-        "max_tokens,logprobs,prompt_logprobs}", "reads, writes",
+        "max_tokens,logprobs,prompt_logprobs,stop_token_ids,"
+        "skip_special_tokens}", "reads, writes",
         "a child's seed, budget and minimum, no prompt logprobs; stop "
-        "strings; whether logprobs are kept", PUBLIC_API),
+        "strings; whether logprobs are kept; a format's branch stops at its "
+        "end tag; a concluded root's text as the frontend decodes it",
+        PUBLIC_API),
+    Seam(
+        "vllm.sampling_params:SamplingParams._all_stop_token_ids", "writes",
+        "a format's branch stops at its end tag: the ids `min_tokens` holds "
+        "back must include it, as `__post_init__` adds a request's own "
+        "stop ids", "SamplingParams can add stop ids after construction "
+        "(or `clone` takes changes); could go upstream"),
 )
