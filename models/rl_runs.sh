@@ -9,7 +9,8 @@
 # that runs is the commit's whatever this checkout holds.
 #
 # Usage: models/rl_runs.sh COMMIT [RUN ...]
-#   RUN: before, or <arm><seed> (A0 ... C2); default: all ten in order.
+#   RUN: before, or <arm><seed> (A0 ... C2); default: all ten in order
+#   (name the ones not in rl_arms.json yet, e.g. B0 C0 A1 B1 C1 A2 B2 C2).
 # Each run's output goes to $RL_LOGS (default /tmp/rl-runs): RUN.out,
 # RUN.err, RUN.done once recorded (a done run is skipped); a file named
 # `pause` there holds the next run back until it is removed. Results are
@@ -22,8 +23,12 @@ shift
 logs=${RL_LOGS:-/tmp/rl-runs}
 tree=${RL_WORKTREE:-$logs/worktree}
 mkdir -p "$logs"
+results=models/smollm2-promise/rl_arms.json
 if [ ! -d "$tree" ]; then
   git -C "$root" worktree add --detach "$tree" "$commit"
+  # The runs recorded so far (data, not code: the commit's file predates
+  # them); each run adds its part to it.
+  cp "$root/$results" "$tree/$results"
 fi
 [ "$(git -C "$tree" rev-parse HEAD)" = "$(git -C "$root" rev-parse "$commit")" ]
 export PYTHONPATH=$tree/common:$tree/v1:$tree/v1/rl:$tree/testkit
