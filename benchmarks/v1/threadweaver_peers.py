@@ -26,11 +26,10 @@ Usage: .venv-v1/bin/python benchmarks/v1/threadweaver_peers.py
 """
 
 import argparse
+import contextlib
 import json
-import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 import urllib.request
@@ -40,40 +39,22 @@ from pathlib import Path
 from sequence_hooks_testkit.formats.backends import HTTPBackend
 from sequence_hooks_testkit.formats.threadweaver_controller import (
     ThreadWeaverController)
-from sequence_hooks_testkit.server import (spawn_logged, stop_server,
-                                           wait_healthy)
+from sequence_hooks_testkit.formats.toy_server import MAX_MODEL_LEN, toy_server
 from sequence_hooks_testkit.training import threadweaver_task as task_mod
-from sequence_hooks_testkit.v1_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "threadweaver-toy"
-MAX_MODEL_LEN = 512
 BLOCK_SIZE = 32
 TASK_SEED = 11
 
 
 def serve(hooks: bool, log: Path):
-    """A `vllm serve` of the toy; with ``hooks``, in ThreadWeaver's
-    format."""
-    port = free_port()
-    command = [
-        str(Path(sys.executable).with_name("vllm")), "serve",
-        str(MODEL), "--host", "127.0.0.1", "--port",
-        str(port), "--max-model-len",
-        str(MAX_MODEL_LEN), "--enforce-eager", "--dtype", "float32", "--seed",
-        "0", "--gpu-memory-utilization", "0.05", "--block-size",
-        str(BLOCK_SIZE)
-    ]
+    """A `vllm serve` of the toy (a context); with ``hooks``, in
+    ThreadWeaver's format."""
+    extra = ["--block-size", str(BLOCK_SIZE)]
     if hooks:
-        command += ["--special-kwargs", json.dumps({"format": "threadweaver"})]
-    process = spawn_logged(command,
-                           log,
-                           env=dict(os.environ,
-                                    VLLM_ENABLE_V1_MULTIPROCESSING="1",
-                                    VLLM_CPU_KVCACHE_SPACE="2"))
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(process, url, log, 900)
-    return process, url
+        extra += ["--special-kwargs", json.dumps({"format": "threadweaver"})]
+    return toy_server(MODEL, log, extra, kv_cache_gib=2)
 
 
 def counters(url: str) -> dict[str, float]:
@@ -195,12 +176,13 @@ def main() -> None:
     tokenizer = task_mod.build_tokenizer()
     rng = random.Random(TASK_SEED)
     logs = Path(tempfile.mkdtemp())
-    servers = {
-        side: serve(side == "engine", logs / f"{side}.log")
-        for side in ("engine", "controller")
-    }
     results = {}
-    try:
+    with contextlib.ExitStack() as stack:
+        servers = {
+            side:
+            stack.enter_context(serve(side == "engine", logs / f"{side}.log"))
+            for side in ("engine", "controller")
+        }
         for in_flight in args.in_flight:
             prompts = [
                 tokenizer.encode(task_mod.prompt_of(task_mod.make_task(rng)),
@@ -214,7 +196,7 @@ def main() -> None:
                     order.reverse()
                 for side in order:
                     runs[side].append(
-                        run_side(side, servers[side][1], prompts, in_flight))
+                        run_side(side, servers[side], prompts, in_flight))
             same = all(r["token_ids"] == runs["controller"][0]["token_ids"]
                        for side in runs for r in runs[side])
             cell = {
@@ -231,9 +213,6 @@ def main() -> None:
                 cell["controller"]["tasks_per_s"])
             results[str(in_flight)] = cell
             print(json.dumps({in_flight: cell}), flush=True)
-    finally:
-        for process, _ in servers.values():
-            stop_server(process)
     if args.out:
         args.out.write_text(
             json.dumps(

@@ -12,7 +12,6 @@ and seeded samples; and once over HTTP to a stock `vllm serve`.
 
 import dataclasses
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,10 +24,8 @@ from sequence_hooks_testkit.formats.threadweaver_controller import (
     CLOSURE, CONCLUSION_CONTINUATION, CONCLUSION_FINAL, CONTINUATION, FINAL,
     MAX_ITERATIONS, Completion, ThreadWeaverController, first_header,
     later_header, outline_labels, run)
-from sequence_hooks_testkit.server import (spawn_logged, stop_server,
-                                           wait_healthy)
+from sequence_hooks_testkit.formats.toy_server import toy_server
 from sequence_hooks_testkit.training import threadweaver_task as task_mod
-from sequence_hooks_testkit.v1_server import free_port
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
 TOKENIZER = task_mod.build_tokenizer()
@@ -365,26 +362,10 @@ def test_on_the_toy_model_seeded_samples_are_seeded_as_vllm_seeds_n(runs):
 
 def test_over_http_to_stock_vllm_serve_it_gives_the_offline_answers(
         runs, tmp_path):
-    port = free_port()
-    log = tmp_path / "server.log"
-    process = spawn_logged([
-        str(Path(sys.executable).with_name("vllm")), "serve",
-        str(MODEL), "--host", "127.0.0.1", "--port",
-        str(port), "--max-model-len", "512", "--enforce-eager", "--dtype",
-        "float32", "--seed", "0", "--gpu-memory-utilization", "0.05"
-    ],
-                           log,
-                           env=dict(os.environ,
-                                    VLLM_ENABLE_V1_MULTIPROCESSING="1",
-                                    VLLM_CPU_KVCACHE_SPACE="1"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(process, url, log, 600)
+    with toy_server(MODEL, tmp_path / "server.log") as url:
         backend = HTTPBackend(url)
         rollouts = run(ThreadWeaverController(TOKENIZER, max_tokens=160),
                        backend, [ids(p) for p in PROMPTS[:8]])
-    finally:
-        stop_server(process)
     for [rollout], [offline] in zip(rollouts, runs["greedy"]["rollouts"]):
         assert dataclasses.asdict(rollout) == offline
     assert backend.requests == sum(r.calls for [r] in rollouts)

@@ -15,7 +15,6 @@ whole and streamed.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +22,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from sequence_hooks_testkit.server import (spawn_logged, stop_server,
-                                           wait_healthy)
+from sequence_hooks_testkit.formats.toy_server import toy_server
 from sequence_hooks_testkit.training import threadweaver_task as task_mod
-from sequence_hooks_testkit.v1_server import free_port
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
 TOKENIZER = task_mod.build_tokenizer()
@@ -105,27 +102,12 @@ def test_the_tree_holds_each_thread_as_the_controllers_branch(answers):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """`vllm serve` of the toy with the format, as a user starts it."""
-    log = tmp_path_factory.mktemp("served") / "server.log"
-    port = free_port()
-    process = spawn_logged([
-        str(Path(sys.executable).with_name("vllm")), "serve",
-        str(MODEL), "--host", "127.0.0.1", "--port",
-        str(port), "--max-model-len", "512", "--enforce-eager", "--dtype",
-        "float32", "--seed", "0", "--gpu-memory-utilization", "0.05",
-        "--special-kwargs",
-        json.dumps({"format": "threadweaver"
-                    }), "--chat-template", CHAT_TEMPLATE
-    ],
-                           log,
-                           env=dict(os.environ,
-                                    VLLM_ENABLE_V1_MULTIPROCESSING="1",
-                                    VLLM_CPU_KVCACHE_SPACE="1"))
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(process, url, log, 600)
+    with toy_server(
+            MODEL,
+            tmp_path_factory.mktemp("served") / "server.log",
+        ("--special-kwargs", json.dumps({"format": "threadweaver"}),
+         "--chat-template", CHAT_TEMPLATE)) as url:
         yield url
-    finally:
-        stop_server(process)
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
