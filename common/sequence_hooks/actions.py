@@ -13,7 +13,8 @@ the coordinator is made.
   at a root's first promise) and `MemberResult` (what a finished member
   produced).
 - What the coordinator asks for: `StartTree`, `Fork`, `Park`, `Resume`,
-  `Conclude`, `Abort`, `ReportTree`, each carried out in the order given.
+  `Conclude`, `Restart`, `Abort`, `ReportTree`, each carried out in the
+  order given.
 """
 
 import hashlib
@@ -115,6 +116,9 @@ class StartTree:
     # The tree's live record, which an engine may read for its outputs
     # (only the coordinator changes it).
     tree: LiveTree
+    # The root's outputs are held back until `ReportTree` gives them (a
+    # format that rewrites its text: APR).
+    holds_output: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,9 @@ class Fork:
     stop_token_ids: tuple[int, ...] = ()
     # Its label in the tree (a format's branch label); None: none.
     label: Optional[str] = None
+    # ``context_tokens`` are its whole context, a fresh prompt sharing
+    # nothing with its parent (APR's sub-searches).
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,6 +188,19 @@ class Conclude:
 
 
 @dataclass(frozen=True)
+class Restart:
+    """End a member's current call and decode it on from a new prompt,
+    under the same request id and sampling parameters, with a new
+    budget (a format that re-sends rewritten text: APR's cut-back join
+    and its rewrite of `<Sub Searches>`). The old call's KV is freed; an
+    engine's prefix cache keeps what the new prompt shares with it."""
+
+    member_id: str
+    # The new call's whole prompt.
+    prompt_token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Abort:
     """Abort live members, deepest first; no output for them."""
 
@@ -193,9 +213,13 @@ class ReportTree:
 
     root_id: str
     tree: PromiseNode
+    # A root whose outputs were held (`StartTree.holds_output`): its whole
+    # output, replacing every token it sampled; None: not held.
+    output_token_ids: Optional[tuple[int, ...]] = None
 
 
-Action = Union[StartTree, Fork, Park, Resume, Conclude, Abort, ReportTree]
+Action = Union[StartTree, Fork, Park, Resume, Conclude, Restart, Abort,
+               ReportTree]
 
 
 class EngineQueries(Protocol):

@@ -6,6 +6,8 @@ promise/sync lifecycle, or a published format's (`format_lifecycle`)."""
 from typing import Any
 
 from sequence_hooks.actions import EngineQueries
+from sequence_hooks.apr import APRFormat
+from sequence_hooks.apr_lifecycle import APRCoordinator
 from sequence_hooks.format_lifecycle import FormatCoordinator
 from sequence_hooks.lifecycle import PromiseCoordinator
 from sequence_hooks.special_kwargs import PROMISE_SYNC, SpecialKwargs
@@ -29,12 +31,15 @@ def coordinator_for(special_kwargs: SpecialKwargs,
 
     Returns:
         A `PromiseCoordinator` for promise/sync, a `FormatCoordinator`
-        for ThreadWeaver's format.
+        for ThreadWeaver's format, an `APRCoordinator` for APR's.
     """
     if special_kwargs.format == PROMISE_SYNC:
         return PromiseCoordinator.for_tokenizer(special_kwargs, queries,
                                                 max_model_len, tokenizer,
                                                 metrics)
+    if special_kwargs.format == "apr":
+        return APRCoordinator(APRFormat.for_tokenizer(tokenizer),
+                              special_kwargs, queries, max_model_len, metrics)
     return FormatCoordinator(
         ThreadWeaverFormat.for_tokenizer(tokenizer, special_kwargs.tags),
         special_kwargs, queries, max_model_len, metrics)

@@ -169,6 +169,12 @@ class PromiseCoordinator:
 
     # Events.
 
+    def arrived(self, member_id: str, prompt_token_ids: list[int],
+                params: RequestParams) -> list[Action]:
+        """A request arrived: no event (a tree starts at its first
+        promise; `APRCoordinator` starts one at every arrival)."""
+        return []
+
     def sampled(self, member_id: str, token_id: int, length: int,
                 params: Callable[[], RequestParams]) -> list[Action]:
         """A member sampled ``token_id``: `<promise>` and `<sync>` are the

@@ -1,0 +1,254 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""APR's lifecycle (`sequence_hooks.apr`): the calls its controller makes,
+made in-engine, each with the token ids the controller would send.
+
+APR's controller works in text: every call is a text prompt (the BOS as
+text, then the trace so far) that the server tokenizes anew. So the
+engine cannot extend a member's tokens; it restarts the member's call
+(`Restart`) with the re-tokenized trace, and a prefix cache keeps the KV
+the two share:
+
+- A member whose text reaches `<Sub Searches>` (the controller's stop
+  string) restarts with that text cut there and `<Calling Sub Searches>`.
+- A root whose call ends with a call of sub-searches forks one child per
+  listed node, each from a fresh prompt (`Fork.fresh`), and waits; once
+  all have finished it restarts with its trace cut back to before the
+  call and the children's results (`joined_trace`).
+- Anything else ends the member; a root's output is its final trace after
+  its prompt, held back until then (`StartTree.holds_output`), since a
+  cut rewrites text already sampled.
+
+Every request is a tree's root from its arrival. Records, aborts and
+trees are the promise/sync lifecycle's.
+"""
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from sequence_hooks.actions import (Action, EngineQueries, MemberResult,
+                                    ReportTree, RequestParams, Restart,
+                                    StartTree)
+from sequence_hooks.apr import (CALLING, MALFORMED, SUB_SEARCHES, APRFormat,
+                                Node, call_trace, calls_sub_searches,
+                                child_budget, cut_trace, ended_trace,
+                                joined_trace, search_result, sub_searches)
+from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.members import Member
+from sequence_hooks.special_kwargs import SpecialKwargs
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A member's current call: the trace it was sent (no BOS) and where
+    its sampled tokens start."""
+
+    prefix: str
+    start: int
+
+
+@dataclass(frozen=True)
+class _Search:
+    """A root waiting for its sub-searches: its trace at the call and the
+    nodes it listed (a child each, up to the per-tree limit)."""
+
+    trace: str
+    nodes: list[Node]
+
+
+class APRCoordinator(PromiseCoordinator):
+    """Every decision of one engine's APR searches.
+
+    Args:
+        apr_format: The format for the engine's tokenizer.
+        special_kwargs: The limits (`max_children_per_sequence` caps the
+            children of one call; the rest are reported "No Solution").
+        queries: What the coordinator asks the engine (read-only).
+        max_model_len: The engine's longest sequence.
+        metrics: `SequenceHookMetrics` to update; None: none.
+    """
+
+    def __init__(self,
+                 apr_format: APRFormat,
+                 special_kwargs: SpecialKwargs,
+                 queries: EngineQueries,
+                 max_model_len: int,
+                 metrics=None):
+        super().__init__(special_kwargs, queries, max_model_len, (), metrics)
+        self.format = apr_format
+        self._calls: dict[str, _Call] = {}
+        self._searches: dict[str, _Search] = {}
+        # Per root: its prompt's text as the controller's prefix.
+        self._prompts: dict[str, str] = {}
+        # Tokens whose text may end the controller's stop string.
+        self._closing = apr_format.closing
+
+    def arrived(self, member_id: str, prompt_token_ids: list[int],
+                params: RequestParams) -> list[Action]:
+        """A request arrived: it is a search's root (a restarted call of a
+        member is no arrival).
+
+        Args:
+            member_id: Its request id.
+            prompt_token_ids: Its prompt.
+            params: Its parameters.
+
+        Returns:
+            Its `StartTree`, its output held; none for a member.
+        """
+        if member_id in self._members:
+            return []
+        member = self._track_root(member_id, params)
+        prefix = self.format.prefix_of(prompt_token_ids)
+        self._prompts[member_id] = prefix
+        self._calls[member_id] = _Call(prefix, len(prompt_token_ids))
+        return [StartTree(member_id, member.tree.state, holds_output=True)]
+
+    def sampled(self, member_id: str, token_id: int, length: int,
+                params) -> list[Action]:
+        """A member sampled ``token_id``: if its call's text now holds the
+        controller's stop string, the call restarts with the text cut
+        there and `<Calling Sub Searches>` (the controller's rewrite).
+
+        Returns:
+            The member's `Restart`, or none.
+        """
+        call = self._calls.get(member_id)
+        if call is None or token_id not in self._closing:
+            return []
+        sampled = self.queries.token_ids(member_id)[call.start:]
+        tail = self.format.decode(sampled[-len(SUB_SEARCHES):])
+        if SUB_SEARCHES not in tail:
+            return []
+        text = self.format.decode(sampled)
+        text = text[:text.index(SUB_SEARCHES)]
+        return self._restart(
+            member_id,
+            call_trace(self.format.bos_token, call.prefix, text) + CALLING)
+
+    def finished(self, member_id: str, reason: str,
+                 result: MemberResult) -> list[Action]:
+        """A member's call ended: a root that calls sub-searches forks
+        them; any other member ends with its trace.
+
+        Args:
+            member_id: The member.
+            reason: "stop" or "length".
+            result: The call's sampled tokens and their text.
+
+        Returns:
+            The children's `Fork`s, or the root's `Restart` (no child
+            listed), or the promise/sync lifecycle's actions at an end
+            (a root's `ReportTree` with its output).
+        """
+        call = self._calls.pop(member_id, None)
+        member = self._members.get(member_id)
+        if call is None or member is None:
+            return []
+        text = (result.text if result.text is not None else self.format.decode(
+            list(result.token_ids)))
+        trace = ended_trace(
+            call_trace(self.format.bos_token, call.prefix, text))
+        if member.node.parent is None and calls_sub_searches(trace):
+            try:
+                nodes = sub_searches(trace)
+            except MALFORMED:
+                # The reference gives up on the search, with this trace.
+                return self._end(member, reason, trace)
+            return self._call(member, trace, nodes)
+        return self._end(member, reason, trace)
+
+    def _call(self, member: Member, trace: str,
+              nodes: list[Node]) -> list[Action]:
+        """Forks a root's sub-searches, each from its fresh prompt."""
+        root_id = member.node.request_id
+        limit = self.special_kwargs.max_children_per_sequence
+        member.tree.state.num_refused += max(len(nodes) - limit, 0)
+        self._searches[root_id] = _Search(trace, nodes)
+        at = self._own_length(root_id, cut_trace(trace))
+        budget = child_budget(self.format.budget, len(nodes),
+                              self.format.avg_sub_call)
+        actions: list[Action] = []
+        for node in nodes[:limit]:
+            prefix = node.prefix(budget)
+            prompt = tuple(self.format.prompt_ids(prefix))
+            # Each call has the request's budget and seed.
+            fork = self._fork(member,
+                              member.start + at,
+                              prompt,
+                              member.seed,
+                              member.tree.params.max_tokens,
+                              label=node.node)
+            fork = dataclasses.replace(fork, fresh=True)
+            self._members[fork.request_id].start = len(prompt)
+            self._calls[fork.request_id] = _Call(prefix, len(prompt))
+            actions.append(fork)
+        if not actions:
+            return self._join(member)
+        # The root's call has ended in the engine: its park is a record.
+        self._park(member, member.start + at)
+        return actions
+
+    def _merge(self, member: Member, length: int) -> list[Action]:
+        """All sub-searches have finished: the root's joined call."""
+        return self._join(member)
+
+    def _join(self, member: Member) -> list[Action]:
+        tree, node = member.tree.state, member.node
+        children = tree.take_unmerged(node)
+        self._unpark(node)
+        search = self._searches.pop(node.request_id)
+        results: list[Optional[str]] = [
+            search_result(child.text or "") for child in children
+        ]
+        results += [None] * (len(search.nodes) - len(results))
+        joined = joined_trace(search.trace, search.nodes, results)
+        at = self._own_length(node.request_id, cut_trace(search.trace))
+        count = self._own_length(node.request_id, joined) - at
+        tree.record_merged_tokens(node, at, count)
+        self.metrics.merged_tokens.inc(count)
+        return self._restart(node.request_id, joined)
+
+    def _restart(self, member_id: str, trace: str) -> list[Action]:
+        """The member's next call, from ``trace``: past the context
+        window (a call the controller's server would refuse), the member
+        ends there instead, finish "length"."""
+        prompt = self.format.prompt_ids(trace)
+        if len(prompt) >= self.max_model_len:
+            return self._end(self._members[member_id], "length", trace)
+        self._calls[member_id] = _Call(trace, len(prompt))
+        return [Restart(member_id, tuple(prompt))]
+
+    def _end(self, member: Member, reason: str, trace: str) -> list[Action]:
+        """Ends a member with its trace: a child's result, or a root's
+        output (its trace after its prompt)."""
+        member_id = member.node.request_id
+        if member.node.parent is not None:
+            # A sub-search's tokens in the tree: its final call's prompt
+            # and what it sampled, re-tokenized as its trace.
+            own = self.format.encode_text(trace)
+            return super().finished(member_id, reason,
+                                    MemberResult(own, trace))
+        prefix = self._prompts.pop(member_id)
+        text = trace[len(prefix):] if trace.startswith(prefix) else trace
+        own = tuple(self.format.encode_text(text))
+        actions = super().finished(member_id, reason,
+                                   MemberResult(list(own), text))
+        return [
+            dataclasses.replace(action, output_token_ids=own) if isinstance(
+                action, ReportTree) else action for action in actions
+        ]
+
+    def _own_length(self, root_id: str, trace: str) -> int:
+        """Tokens of ``trace`` after its root's prompt."""
+        return len(self.format.encode_text(
+            trace[len(self._prompts[root_id]):]))
+
+    def _forget(self, member: Member) -> None:
+        root_id = member.tree.state.root.request_id
+        for member_id in member.tree.member_ids:
+            self._calls.pop(member_id, None)
+        self._searches.pop(root_id, None)
+        self._prompts.pop(root_id, None)
+        super()._forget(member)

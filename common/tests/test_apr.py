@@ -1,0 +1,383 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""APR's format on the lifecycle (`APRCoordinator`) against APR's own
+controller (the test kit's `APRController`), with one scripted model
+behind both: the same calls, token for token, and the same traces.
+
+The model continues scripted texts. The controller decodes it over text
+calls, as over stock vLLM's completions API (a prompt tokenized anew each
+call, the stop string `<Sub Searches>`); the in-engine side decodes it in
+`SearchEngine`, which carries out the coordinator's actions on token
+lists (a fresh fork starts a member, a restart replaces a member's call).
+
+The tokenizer merges ``"]\\n"`` and the tags into single tokens, so the
+re-tokenized trace differs from the tokens a call sampled: the engine
+must send what the controller sends, not what it sampled.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pytest
+
+from sequence_hooks.actions import (Action, Fork, MemberResult, ReportTree,
+                                    RequestParams, Restart, StartTree)
+from sequence_hooks.apr import APRFormat
+from sequence_hooks.apr_lifecycle import APRCoordinator
+from sequence_hooks.special_kwargs import SpecialKwargs
+from sequence_hooks_testkit.formats.apr_controller import (APRController,
+                                                           TextCompletion,
+                                                           run_apr)
+
+SPECIAL = ("<s>", "</s>")
+MERGED = ("<End Calling Sub Searches>", "<Calling Sub Searches>",
+          "<End Sub Searches>", "<Sub Searches>", "]\n")
+OFFSET = 100
+BOS, EOS_TEXT = SPECIAL
+
+
+class MergingTokenizer:
+    """BOS and EOS special; the tags and ``"]\\n"`` one token each,
+    longest first; every other character one token."""
+
+    bos_token = BOS
+    eos_token_id = 1
+
+    def __len__(self) -> int:
+        return OFFSET + 0x250
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list:
+        ids, at = [], 0
+        pieces = sorted(SPECIAL + MERGED, key=len, reverse=True)
+        while at < len(text):
+            piece = next((p for p in pieces if text.startswith(p, at)), None)
+            if piece is None:
+                ids.append(OFFSET + ord(text[at]))
+                at += 1
+            else:
+                ids.append((SPECIAL + MERGED).index(piece))
+                at += len(piece)
+        return ids
+
+    def convert_ids_to_tokens(self, ids: list) -> list:
+        return [self._piece(i) for i in ids]
+
+    def _piece(self, token_id: int) -> str:
+        if token_id < OFFSET:
+            return (SPECIAL + MERGED + ("", ) * OFFSET)[token_id]
+        return chr(token_id - OFFSET)
+
+    def decode(self, ids: list, skip_special_tokens: bool = False) -> str:
+        return "".join(
+            self._piece(i) for i in ids
+            if not (skip_special_tokens and i < len(SPECIAL)))
+
+
+TOKENIZER = MergingTokenizer()
+EOS = TOKENIZER.eos_token_id
+
+ROOT = "Moving to Node #0\nCurrent State: 39:[25, 36, 51, 49], Operations: []"
+GENERATED = ("\nExploring Operation: 51-49=2, Resulting Numbers: [25, 36, 2]\n"
+             "Generated Node #0,0: 39:[25, 36, 2] Operation: 51-49=2\n"
+             "Exploring Operation: 36-25=11, Resulting Numbers: [51, 49, 11]\n"
+             "Generated Node #0,1: 39:[51, 49, 11] Operation: 36-25=11\n")
+LISTED = ("<Start Sub Search 0 at level 1> Moving to Node #0,0\n"
+          "<Start Sub Search 1 at level 1> Moving to Node #0,1\n"
+          "<End Calling Sub Searches>\n")
+CALL = GENERATED + "<Calling Sub Searches>\n" + LISTED
+CHILD_0 = ("Moving to Node #0,0\nCurrent State: 39:[25, 36, 2], "
+           "Operations: ['51-49=2']")
+CHILD_1 = ("Moving to Node #0,1\nCurrent State: 39:[51, 49, 11], "
+           "Operations: ['36-25=11']")
+FAILS = "\nExploring Operation: 25+36=61\n61,39 unequal: No Solution\n"
+WINS = ("\nExploring Operation: 51-11=40\n39,39 equal: Goal Reached\n"
+        "51-11=40\n49-40=9 Goal Reached\n")
+
+AFTER = ("Moving to Node #0,1\n39,39 equal: Goal Reached\n"
+         "36-25=11 Goal Reached\n")
+JOINED = "<End Sub Searches>\n"
+
+
+@dataclass
+class ScriptedModel:
+    """Greedy decoding of fixed texts. After a join (the context's text,
+    BOS off, holds `<End Sub Searches>`) the root writes ``after``;
+    otherwise the first script the text begins goes on with its next
+    token (the tokenizer's first of the rest). At a script's end: EOS."""
+
+    scripts: list[str]
+    after: str = AFTER
+
+    def next_token(self, context: list[int]) -> int:
+        text = TOKENIZER.decode(context, skip_special_tokens=True)
+        if JOINED in text:
+            base = text[:text.rindex(JOINED) + len(JOINED)]
+            candidates = [base + self.after]
+        else:
+            candidates = self.scripts
+        for script in candidates:
+            if script.startswith(text):
+                rest = script[len(text):]
+                return TOKENIZER.encode(rest)[0] if rest else EOS
+        return EOS
+
+
+class ScriptedServer:
+    """Stock vLLM's completions API as the controller sees it: a text
+    prompt tokenized, decoded greedily to EOS, ``max_tokens`` or a stop
+    string (its text left out). Records every call's prompt ids."""
+
+    def __init__(self, model: ScriptedModel):
+        self.model = model
+        self.prompts: list[list[int]] = []
+
+    def generate_text(self, prompts, params):
+        done = []
+        for prompt, one in zip(prompts, params):
+            context = TOKENIZER.encode(prompt)
+            self.prompts.append(list(context))
+            tokens, reason, matched = [], "length", None
+            while len(tokens) < one["max_tokens"]:
+                token = self.model.next_token(context)
+                context.append(token)
+                tokens.append(token)
+                if token == EOS:
+                    reason = "stop"
+                    break
+                text = TOKENIZER.decode(tokens, skip_special_tokens=True)
+                hit = [s for s in one["stop"] if s in text]
+                if hit:
+                    reason, matched = "stop", hit[0]
+                    break
+            text = TOKENIZER.decode(tokens, skip_special_tokens=True)
+            if matched is not None:
+                text = text[:text.index(matched)]
+            done.append(TextCompletion(text, reason, matched))
+        return done
+
+
+@dataclass
+class Call:
+    tokens: list[int]
+    start: int
+    max_tokens: Optional[int]
+
+
+@dataclass
+class SearchEngine:
+    """Carries out the coordinator's actions on token lists, one token per
+    live member a step, with vLLM's stop checks (EOS: "stop"; the budget
+    or the model length: "length"; no event for a token that ends its
+    member). Records every call's prompt ids."""
+
+    model: ScriptedModel
+    max_model_len: int
+    max_tokens: Optional[int]
+    limits: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.coordinator = APRCoordinator(
+            APRFormat.for_tokenizer(TOKENIZER),
+            SpecialKwargs(format="apr", **self.limits), self,
+            self.max_model_len)
+        self.calls: dict[str, Call] = {}
+        self.prompts: list[list[int]] = []
+        self.actions: list[Action] = []
+
+    def run(self, prefix: str) -> ReportTree:
+        prompt = TOKENIZER.encode(BOS + prefix)
+        self.carry_out(
+            self.coordinator.arrived(
+                "root", prompt, RequestParams(len(prompt), self.max_tokens)))
+        self.start("root", prompt, self.max_tokens)
+        while self.calls:
+            ended = []
+            for member_id in list(self.calls):
+                call = self.calls.get(member_id)
+                if call is None:
+                    continue
+                token = self.model.next_token(call.tokens)
+                call.tokens.append(token)
+                own = len(call.tokens) - call.start
+                if token == EOS:
+                    ended.append((member_id, "stop"))
+                elif (len(call.tokens) >= self.max_model_len or
+                      call.max_tokens is not None and own >= call.max_tokens):
+                    ended.append((member_id, "length"))
+                else:
+                    self.carry_out(
+                        self.coordinator.sampled(member_id, token,
+                                                 len(call.tokens), None))
+            for member_id, reason in ended:
+                call = self.calls.pop(member_id)
+                own = call.tokens[call.start:]
+                self.carry_out(
+                    self.coordinator.finished(
+                        member_id, reason,
+                        MemberResult(
+                            own, TOKENIZER.decode(own,
+                                                  skip_special_tokens=True))))
+        [report] = [a for a in self.actions if isinstance(a, ReportTree)]
+        return report
+
+    def start(self, member_id: str, prompt: list[int],
+              max_tokens: Optional[int]) -> None:
+        self.prompts.append(list(prompt))
+        self.calls[member_id] = Call(list(prompt), len(prompt), max_tokens)
+
+    def carry_out(self, actions: list[Action]) -> None:
+        for action in actions:
+            self.actions.append(action)
+            if isinstance(action, StartTree):
+                assert action.holds_output
+            elif isinstance(action, Fork):
+                assert action.fresh
+                self.start(action.request_id, list(action.context_tokens),
+                           action.max_tokens)
+            elif isinstance(action, Restart):
+                self.calls.pop(action.member_id, None)
+                self.start(action.member_id, list(action.prompt_token_ids),
+                           self.max_tokens)
+            else:
+                assert isinstance(action, ReportTree), action
+
+    # What the coordinator asks (`EngineQueries`).
+
+    def engine_finished(self, member_id: str) -> bool:
+        return member_id not in self.calls
+
+    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
+        return False
+
+    def token_ids(self, member_id: str) -> list[int]:
+        return list(self.calls[member_id].tokens)
+
+    def encode(self, member_id: str, text: str) -> list[int]:
+        raise AssertionError("APR merges no text by `encode`")
+
+    def decode(self, member_id: str, token_ids: list[int]) -> str:
+        raise AssertionError("every finish here comes with its text")
+
+
+def both(model: ScriptedModel,
+         max_tokens: int = 400,
+         max_model_len: int = 2048,
+         limits: Optional[dict] = None):
+    """The controller's search and the engine's, on the same model."""
+    server = ScriptedServer(model)
+    [rollout] = run_apr(APRController(BOS, max_tokens), server, [ROOT])
+    engine = SearchEngine(model, max_model_len, max_tokens, limits or {})
+    report = engine.run(ROOT)
+    return rollout, server, engine, report
+
+
+def assert_same(rollout, server, engine, report) -> None:
+    """The same calls (prompt ids) and the same final trace; the tree
+    holds each sub-search's final trace."""
+    assert sorted(engine.prompts) == sorted(server.prompts)
+    assert TOKENIZER.decode(list(
+        report.output_token_ids)) == (rollout.trace[len(ROOT):])
+    assert [child.text for child in report.tree.children
+            ] == [trace for round_ in rollout.rounds for trace in round_]
+
+
+def test_children_start_fresh_and_join_into_the_cut_back_root():
+    rollout, server, engine, report = both(
+        ScriptedModel([ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + WINS]))
+    assert_same(rollout, server, engine, report)
+    assert rollout.answer == "36-25=11 Goal Reached"
+    assert len(rollout.rounds) == 1 and rollout.calls == 4
+    forks = [a for a in engine.actions if isinstance(a, Fork)]
+    assert [f.label for f in forks] == ["#0,0", "#0,1"]
+    assert [TOKENIZER.decode(list(f.context_tokens))
+            for f in forks] == [BOS + CHILD_0, BOS + CHILD_1]
+    [restart] = [a for a in engine.actions if isinstance(a, Restart)]
+    joined = TOKENIZER.decode(list(restart.prompt_token_ids))
+    assert joined.startswith(BOS + ROOT + GENERATED + "<Sub Searches>\n")
+    assert "<No Solution in Sub Search 0 at level 1 at Node #0,0>" in joined
+    assert "<Goal Reached in Sub Search 1 at level 1 at Node #0,1>" in joined
+    assert "<Calling Sub Searches>" not in joined
+
+
+def test_the_join_is_re_tokenized_as_the_controller_sends_it():
+    """The root's first call sampled ``"]"`` and ``"\n"`` apart; its
+    re-sent trace merges them: the engine sends the merged ids."""
+    model = ScriptedModel([ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + WINS])
+    rollout, server, engine, report = both(model)
+    first = TOKENIZER.encode(BOS + ROOT)
+    assert TOKENIZER.decode(first).endswith("[]")
+    [restart] = [a for a in engine.actions if isinstance(a, Restart)]
+    resent = list(restart.prompt_token_ids)
+    assert resent[:len(first)] != first
+    assert resent[len(first) - 1] == TOKENIZER.encode("]\n")[0]
+    assert resent in server.prompts
+
+
+def test_a_written_sub_searches_tag_is_rewritten_as_the_controller_does():
+    written = GENERATED + "<Sub Searches>\n" + LISTED
+    rollout, server, engine, report = both(
+        ScriptedModel(
+            [ROOT + written, ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + WINS]))
+    assert_same(rollout, server, engine, report)
+    assert rollout.calls == 5
+    restarts = [a for a in engine.actions if isinstance(a, Restart)]
+    assert TOKENIZER.decode(list(
+        restarts[0].prompt_token_ids)) == (BOS + ROOT + GENERATED +
+                                           "<Calling Sub Searches>")
+
+
+def test_a_sub_search_cut_at_max_tokens_has_no_solution():
+    long_search = "\n" + "Exploring Operation: 51+11=62\n" * 12 + WINS
+    model = ScriptedModel(
+        [ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + long_search])
+    max_tokens = len(TOKENIZER.encode(CALL)) + 2
+    assert len(TOKENIZER.encode(long_search)) > max_tokens
+    rollout, server, engine, report = both(model, max_tokens=max_tokens)
+    assert_same(rollout, server, engine, report)
+    assert [c.finish_reason
+            for c in report.tree.children] == ["stop", "length"]
+    [restart] = [a for a in engine.actions if isinstance(a, Restart)]
+    assert "No Solution in Sub Search 1" in TOKENIZER.decode(
+        list(restart.prompt_token_ids))
+
+
+def test_a_call_listing_no_child_joins_at_once():
+    empty = GENERATED + "<Calling Sub Searches>\n<End Calling Sub Searches>\n"
+    rollout, server, engine, report = both(ScriptedModel([ROOT + empty]))
+    assert_same(rollout, server, engine, report)
+    assert not [a for a in engine.actions if isinstance(a, Fork)]
+    assert "<Sub Searches>\n<End Sub Searches>\n" in rollout.trace
+
+
+@pytest.mark.parametrize("listed", ["#0,7", "#0,"])
+def test_a_malformed_call_ends_the_search_with_its_trace(listed):
+    bad = (GENERATED + "<Calling Sub Searches>\n<Start Sub Search 0 at "
+           f"level 1> Moving to Node {listed}\n<End Calling Sub Searches>\n")
+    rollout, server, engine, report = both(ScriptedModel([ROOT + bad]))
+    assert rollout.error and rollout.answer is None
+    assert_same(rollout, server, engine, report)
+    assert report.tree.finish_reason == "stop"
+    assert not report.tree.children
+
+
+def test_children_past_the_limit_have_no_solution():
+    """The one difference from the controller (docs/formats.md): a call
+    forks at most `max_children_per_sequence` children."""
+    model = ScriptedModel([ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + WINS])
+    _, _, engine, report = both(model, limits={"max_children_per_sequence": 1})
+    assert len(report.tree.children) == 1
+    [restart] = [a for a in engine.actions if isinstance(a, Restart)]
+    assert "<No Solution in Sub Search 1 at level 1 at Node #0,1>" in (
+        TOKENIZER.decode(list(restart.prompt_token_ids)))
+    [start] = [a for a in engine.actions if isinstance(a, StartTree)]
+    assert start.tree.num_refused == 1
+
+
+def test_a_join_past_the_context_window_ends_the_root():
+    model = ScriptedModel([ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + WINS])
+    window = len(TOKENIZER.encode(BOS + ROOT + CALL)) + 4
+    _, _, engine, report = both(model, max_model_len=window)
+    assert not [a for a in engine.actions if isinstance(a, Restart)]
+    assert report.tree.finish_reason == "length"
+    text = TOKENIZER.decode(list(report.output_token_ids))
+    assert text.endswith("<End Sub Searches>\n")
