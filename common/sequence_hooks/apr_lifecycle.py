@@ -105,6 +105,12 @@ class APRCoordinator(PromiseCoordinator):
         self._calls[member_id] = _Call(prefix, len(prompt_token_ids))
         return [StartTree(member_id, member.tree.state, holds_output=True)]
 
+    def own_start(self, member_id: str) -> int:
+        """Where the member's current call's sampled tokens start."""
+        call = self._calls.get(member_id)
+        return call.start if call is not None else super().own_start(
+            member_id)
+
     def sampled(self, member_id: str, token_id: int, length: int,
                 params) -> list[Action]:
         """A member sampled ``token_id``: if its call's text now holds the

@@ -20,9 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import requests
 
-from sequence_hooks_testkit.formats.toy_server import toy_server
+from sequence_hooks_testkit.formats.toy_server import choices, toy_server
 from sequence_hooks_testkit.training import threadweaver_task as task_mod
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
@@ -130,24 +129,11 @@ def test_over_the_api_the_engine_answers_as_the_controller(
         else:
             body["prompt"] = prompt_ids
         path = "/v1/chat/completions" if chat else "/v1/completions"
-        response = requests.post(served + path,
-                                 json=body,
-                                 stream=stream,
-                                 timeout=300)
-        response.raise_for_status()
-        if stream:
-            chunks = [
-                json.loads(line[len(b"data: "):])
-                for line in response.iter_lines()
-                if line.startswith(b"data: ") and line != b"data: [DONE]"
-            ]
-            token_ids = [
-                t for chunk in chunks for choice in chunk["choices"]
-                for t in choice.get("token_ids") or ()
-            ]
-        else:
-            answer = response.json()
-            token_ids = answer["choices"][0]["token_ids"]
+        got, answer = choices(served, path, body, timeout=300)
+        token_ids = [
+            t for choice in got for t in choice.get("token_ids") or ()
+        ]
+        if not stream:
             tree = (answer.get("kv_transfer_params") or {}).get("promise_tree")
             branches = [b for fork in want["forks"] for b in fork["branches"]]
             if branches:

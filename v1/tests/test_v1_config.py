@@ -11,12 +11,14 @@ import json
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 from vllm_sequence_hooks.admission import HookedRequestCheck
 from vllm_sequence_hooks.config import (CONFIG_KEY, SCHEDULER_CLS,
                                         special_kwargs_of)
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
 from sequence_hooks import SpecialKwargs
+from sequence_hooks.apr_lifecycle import APRCoordinator
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
 from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
 from vllm.engine.arg_utils import EngineArgs
@@ -154,12 +156,22 @@ def test_a_server_flag_is_parsed_once_in_the_api_process(
     assert (len(parses), len(checks)) == (1, 1)
 
 
-def test_a_format_not_served_yet_is_refused_by_the_flag(capsys):
+def test_apr_from_the_flag_runs_its_lifecycle(tiny_model_path):
+    """APR has no tags to check: the flag takes it, and the scheduler runs
+    `APRCoordinator` with the model's BOS as the text every call sends."""
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--special-kwargs", json.dumps({"format": "apr"})])
-    assert ("argument --special-kwargs: format 'apr': not served "
-            "in-engine yet") in capsys.readouterr().err
+    flag = json.dumps({"format": "apr"})
+    args = parser.parse_args([
+        "--model",
+        str(tiny_model_path), "--dtype", "float32", "--special-kwargs", flag
+    ])
+    carried = EngineArgs.from_cli_args(
+        args).create_engine_config().additional_config[CONFIG_KEY]
+    assert carried["format"] == "apr"
+    coordinator = engine_core(tiny_model_path, carried).hooks.coordinator
+    assert isinstance(coordinator, APRCoordinator)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
+    assert coordinator.format.bos_token == tokenizer.bos_token
 
 
 def test_a_format_whose_tags_the_model_lacks_is_refused_in_every_process(

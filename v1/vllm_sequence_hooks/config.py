@@ -38,7 +38,7 @@ MIDDLEWARE = ("vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown",
               "vllm_sequence_hooks.data_parallel.SamplesOnOneEngine")
 # The fork/join formats the plugin serves (the others are refused at
 # start, `checked_special_kwargs`).
-SERVED_FORMATS = (PROMISE_SYNC, "threadweaver")
+SERVED_FORMATS = (PROMISE_SYNC, "threadweaver", "apr")
 # This process's checked configurations (`special_kwargs_of`).
 _CHECKED: dict[tuple, SpecialKwargs] = {}
 

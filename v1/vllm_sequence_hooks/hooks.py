@@ -15,14 +15,17 @@ upstream's `update_from_output`; each step's outputs are a local of
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from vllm_sequence_hooks.stop_strings import StopStringChecks, frontend_text
+from vllm_sequence_hooks.restarts import CallRestarts, member_request
+from vllm_sequence_hooks.stop_strings import (StopStringChecks,
+                                              check_root_stop_strings,
+                                              frontend_text)
 from vllm_sequence_hooks.transport import (ChildPreemptions, SampleTrees,
                                            append_logprob_rows,
                                            append_merged_tokens, attach_tree)
 
 from sequence_hooks.actions import (Abort, Action, Conclude, Fork,
                                     MemberResult, Park, ReportTree,
-                                    RequestParams, Resume, StartTree)
+                                    RequestParams, Restart, Resume, StartTree)
 from sequence_hooks.coordinators import coordinator_for
 from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.ordering import CriticalPathOrder
@@ -51,6 +54,7 @@ _CARRIERS = {
     Park: "_park",
     Resume: "resume",
     Conclude: "_conclude",
+    Restart: "_restart",
     Abort: "_abort",
     ReportTree: "_report_tree",
 }
@@ -92,6 +96,7 @@ class SequenceHooks:
         self.sample_trees = SampleTrees()
         self.child_preemptions = ChildPreemptions()
         self.stop_strings = StopStringChecks(tokenizer)
+        self.restarts = CallRestarts(scheduler, end_requests)
         # Live children's sampled tokens' logprobs (None where merged), if
         # their request asked for logprobs (a root's are its output's).
         self.child_logprobs: dict[str, list] = {}
@@ -149,9 +154,11 @@ class SequenceHooks:
             for out in outputs.outputs:
                 if out.request_id in children:
                     self.child_preemptions.hold(children[out.request_id], out)
+            # Nor do held roots before their end.
             outputs.outputs = [
                 out for out in outputs.outputs
                 if out.request_id not in children
+                and not self.restarts.holds(out.request_id)
             ]
         for client_index, outputs in step.extra.items():
             engine_outputs.setdefault(
@@ -160,7 +167,7 @@ class SequenceHooks:
             for out in outputs.outputs:
                 self.child_preemptions.attach(out)
                 if out.finish_reason is None:
-                    self._check_root_stop_strings(out, step)
+                    check_root_stop_strings(self, out, step)
                 if out.finish_reason is not None:
                     self.stop_strings.forget(out.request_id)
                     self.sample_trees.finished(out)
@@ -172,14 +179,22 @@ class SequenceHooks:
             self.sample_trees.forget(request_id)
             self.stop_strings.forget(request_id)
             self.child_preemptions.forget(request_id)
+            self.restarts.forget(request_id)
             if (self.coordinator.is_member(request_id)
                     and not self.coordinator.is_child(request_id)):
                 self._carry_out(self.coordinator.aborted(request_id), None)
                 self.scheduler.parking.forget(request_id)
 
     def added(self, request_id: str) -> None:
-        """A new request: notes the samples of `n > 1` requests."""
+        """A new request: notes the samples of `n > 1` requests; an event
+        for the coordinator (APR's trees start here)."""
         self.sample_trees.added(request_id)
+        request = self.scheduler.requests[request_id]
+        self._carry_out(
+            self.coordinator.arrived(
+                request_id, request.prompt_token_ids,
+                RequestParams.of(request.num_prompt_tokens, request.max_tokens,
+                                 request.sampling_params)), None)
 
     def _sampled_a_fork(self, engine_outputs: dict[int,
                                                    EngineCoreOutputs]) -> bool:
@@ -201,7 +216,7 @@ class SequenceHooks:
                                 out.new_logprobs)
         if out.finish_reason is not None:
             if self.coordinator.is_member(request_id):
-                self._finished(request, str(out.finish_reason), step)
+                self.finish_member(request, str(out.finish_reason), step)
             return
         if not out.new_token_ids:
             return
@@ -211,7 +226,7 @@ class SequenceHooks:
             if check is not None:
                 # As V0's stop checker: the child ends, its text cut.
                 self.end_requests(request_id, RequestStatus.FINISHED_STOPPED)
-                self._finished(request, "stop", step, check.output_text)
+                self.finish_member(request, "stop", step, check.output_text)
                 return
         params = request.sampling_params
         actions = self.coordinator.sampled(
@@ -222,12 +237,12 @@ class SequenceHooks:
             # Most tokens are no event: no call on the hot path.
             self._carry_out(actions, step)
 
-    def _finished(self,
-                  request: Request,
-                  reason: str,
-                  step: _Step,
-                  text: Optional[str] = None,
-                  token_ids: Optional[list[int]] = None) -> None:
+    def finish_member(self,
+                      request: Request,
+                      reason: str,
+                      step: _Step,
+                      text: Optional[str] = None,
+                      token_ids: Optional[list[int]] = None) -> None:
         """Records a member's finish with the lifecycle: the one path of
         every member's end on V1 (a stop, a length cap, a stop string of a
         child or of a root).
@@ -255,46 +270,6 @@ class SequenceHooks:
                 MemberResult(token_ids, text,
                              self.child_logprobs.pop(request_id, None))), step)
 
-    def _check_root_stop_strings(self, out: EngineCoreOutput,
-                                 step: _Step) -> None:
-        """Ends a request whose output completes a stop string, with its
-        tree, if its outputs carry trees (`stop_strings`)."""
-        request = self.scheduler.requests.get(out.request_id)
-        if (request is None or request.is_finished()
-                or not request.sampling_params.stop):
-            return
-        coordinator = self.coordinator
-        if not self.stop_strings.is_watched(out.request_id):
-            if not (coordinator.is_member(out.request_id)
-                    or self.sample_trees.carries_trees(out.request_id,
-                                                       coordinator.is_member)):
-                return
-            start = (coordinator.own_start(out.request_id)
-                     if coordinator.is_member(out.request_id) else
-                     request.num_prompt_tokens)
-            self.stop_strings.watch(request, start, len(out.new_token_ids))
-        check = self.stop_strings.feed(out.request_id, out.new_token_ids)
-        if check is None:
-            return
-        # The tokens after the stop go, as vLLM 0.32's frontend drops them
-        # (`OutputProcessor._trim_surplus_tokens`); 0.31's
-        # would keep them in `CompletionOutput.token_ids`.
-        kept = self.stop_strings.num_kept
-        if kept < len(out.new_token_ids):
-            del out.new_token_ids[kept:]
-            if out.new_logprobs is not None:
-                out.new_logprobs = out.new_logprobs.slice_request(0, kept)
-        self.end_requests(out.request_id, RequestStatus.FINISHED_STOPPED)
-        if coordinator.is_member(out.request_id):
-            # As on V0: live children are aborted, the root stops there;
-            # its tokens end where the frontend cuts them.
-            step.outputs[out.request_id] = out
-            self._finished(request, "stop", step, check.output_text,
-                           list(check.output_token_ids))
-        # The frontend finds the same stop string and reports it; were it
-        # not to, the request would end aborted rather than wait forever.
-        out.finish_reason = FinishReason.ABORT
-
     # The coordinator's actions, carried out.
 
     def _carry_out(self, actions: list[Action], step: Optional[_Step]) -> None:
@@ -306,9 +281,18 @@ class SequenceHooks:
         # A resume extends the prompt in place; with the engine core in
         # process, the frontend holds the same list.
         request.prompt_token_ids = list(request.prompt_token_ids)
+        if action.holds_output:
+            self.restarts.hold(action.root_id)
 
     def _fork(self, child: Fork, step: Optional[_Step]) -> None:
         scheduler = self.scheduler
+        if child.fresh:
+            # A call of its own: nothing of its parent's KV to share.
+            scheduler.add_request(
+                self.restarts.call(child.request_id,
+                                   self.coordinator.root_of(child.request_id),
+                                   list(child.context_tokens)))
+            return
         parent = scheduler.requests[child.parent_id]
         context = list(parent.all_token_ids) + list(child.context_tokens)
         params = parent.sampling_params.clone()
@@ -326,19 +310,7 @@ class SequenceHooks:
                 dict.fromkeys(
                     [*(params.stop_token_ids or ()), *child.stop_token_ids]))
             params._all_stop_token_ids.update(child.stop_token_ids)
-        request = Request(
-            request_id=child.request_id,
-            prompt_token_ids=context,
-            sampling_params=params,
-            pooling_params=None,
-            client_index=parent.client_index,
-            lora_request=parent.lora_request,
-            cache_salt=parent.cache_salt,
-            # The root's priority and arrival time (the parent's are), as
-            # on V0: a tree's work ranks by its request's arrival.
-            priority=parent.priority,
-            arrival_time=parent.arrival_time,
-            block_hasher=parent._block_hasher)
+        request = member_request(child.request_id, parent, context, params)
         if params.logprobs is not None:
             self.child_logprobs[child.request_id] = []
         if child.stop:
@@ -403,7 +375,13 @@ class SequenceHooks:
         self.end_requests(member_id, RequestStatus.FINISHED_STOPPED)
         skip = request.sampling_params.skip_special_tokens
         text = self.tokenizer.decode(own, skip_special_tokens=skip)
-        self._finished(request, "stop", step, text, own)
+        self.finish_member(request, "stop", step, text, own)
+
+    def _restart(self, action: Restart, step: Optional[_Step]) -> None:
+        self.restarts.restart(
+            self.restarts.call(action.member_id,
+                               self.coordinator.root_of(action.member_id),
+                               list(action.prompt_token_ids)))
 
     @staticmethod
     def _output_of(request: Request, step: _Step) -> EngineCoreOutput:
@@ -421,11 +399,16 @@ class SequenceHooks:
             self.child_logprobs.pop(member_id, None)
             self.stop_strings.forget(member_id)
             self.scheduler.parking.forget(member_id)
+            self.restarts.forget(member_id)
         self.end_requests(list(action.member_ids),
                           RequestStatus.FINISHED_ABORTED)
 
     def _report_tree(self, action: ReportTree, step: Optional[_Step]) -> None:
         out = step.outputs.get(action.root_id) if step is not None else None
+        if action.output_token_ids is not None and step is not None:
+            out = self._output_of(self.restarts.template(action.root_id), step)
+            self.restarts.release(action.root_id, action.output_token_ids, out,
+                                  action.tree.finish_reason)
         if out is not None:
             attach_tree(out, action.tree)
 
@@ -433,7 +416,8 @@ class SequenceHooks:
 
     def engine_finished(self, member_id: str) -> bool:
         request = self.scheduler.requests.get(member_id)
-        return request is None or request.is_finished()
+        return member_id not in self.restarts.pending and (
+            request is None or request.is_finished())
 
     def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
         # The model runner keeps a resumed session's generator.

@@ -19,8 +19,9 @@ the merges made of them, are the same on both engines.
 from types import SimpleNamespace
 from typing import Optional
 
+from vllm.v1.engine import EngineCoreOutput, FinishReason
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 
 def frontend_text(tokenizer, request: Request, start: int) -> str:
@@ -115,3 +116,49 @@ class StopStringChecks:
     def forget(self, request_id: str) -> None:
         self._checks.pop(request_id, None)
         self._fed.pop(request_id, None)
+
+
+def check_root_stop_strings(hooks, out: EngineCoreOutput, step) -> None:
+    """Ends a request whose output completes a stop string, with its
+    tree, if its outputs carry trees.
+
+    Args:
+        hooks: The scheduler's `SequenceHooks`.
+        out: The request's output of this step (not finished).
+        step: The hooks' record of this step's outputs.
+    """
+    request = hooks.scheduler.requests.get(out.request_id)
+    if (request is None or request.is_finished()
+            or not request.sampling_params.stop):
+        return
+    coordinator = hooks.coordinator
+    if not hooks.stop_strings.is_watched(out.request_id):
+        if not (coordinator.is_member(out.request_id)
+                or hooks.sample_trees.carries_trees(out.request_id,
+                                                    coordinator.is_member)):
+            return
+        start = (coordinator.own_start(out.request_id)
+                 if coordinator.is_member(out.request_id) else
+                 request.num_prompt_tokens)
+        hooks.stop_strings.watch(request, start, len(out.new_token_ids))
+    check = hooks.stop_strings.feed(out.request_id, out.new_token_ids)
+    if check is None:
+        return
+    # The tokens after the stop go, as vLLM 0.32's frontend drops them
+    # (`OutputProcessor._trim_surplus_tokens`); 0.31's
+    # would keep them in `CompletionOutput.token_ids`.
+    kept = hooks.stop_strings.num_kept
+    if kept < len(out.new_token_ids):
+        del out.new_token_ids[kept:]
+        if out.new_logprobs is not None:
+            out.new_logprobs = out.new_logprobs.slice_request(0, kept)
+    hooks.end_requests(out.request_id, RequestStatus.FINISHED_STOPPED)
+    if coordinator.is_member(out.request_id):
+        # As on V0: live children are aborted, the root stops there;
+        # its tokens end where the frontend cuts them.
+        step.outputs[out.request_id] = out
+        hooks.finish_member(request, "stop", step, check.output_text,
+                            list(check.output_token_ids))
+    # The frontend finds the same stop string and reports it; were it
+    # not to, the request would end aborted rather than wait forever.
+    out.finish_reason = FinishReason.ABORT

@@ -9,7 +9,9 @@ Usage (in .venv-v1): python -m sequence_hooks_testkit.formats.run_in_engine
 
 CASES.json is a list of cases, each ``{"name", "prompts": [text],
 "max_tokens": N or null}`` (greedy; fp32, eager, the same engine settings
-as `run_threadweaver`'s stock side).
+as `run_threadweaver`'s stock side). The prompts are tokenized without
+special tokens, or with ``"text": true`` sent as text (tokenized as the
+completions API does: APR's controller sends text).
 """
 
 import argparse
@@ -44,7 +46,7 @@ def main() -> None:
     tokenizer = llm.get_tokenizer()
     results = []
     for case in json.loads(args.cases.read_text()):
-        prompts = [
+        prompts = case["prompts"] if case.get("text") else [
             TokensPrompt(prompt_token_ids=tokenizer.encode(
                 text, add_special_tokens=False)) for text in case["prompts"]
         ]

@@ -1,0 +1,144 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Members' calls made anew on V1 (APR's format: `Restart`, `Fork.fresh`,
+held outputs), and the requests the hooks make for members.
+
+A restarted call is a new `Request` under the member's id, from the
+re-tokenized prompt the format gives: the old call ends (upstream frees
+its blocks, whose full ones stay in the prefix cache for the new prompt
+to hit). Steps may be in flight for the old call (async scheduling, the
+pipeline's batch queue): upstream would apply their tokens to whatever
+request holds the id, so the new call waits until none is in flight.
+
+A root whose outputs are held never reaches the frontend before its
+`ReportTree`, which gives its whole output.
+"""
+
+from collections import Counter
+from typing import Any, Callable, Optional
+
+from vllm.sampling_params import SamplingParams
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.engine import EngineCoreOutput, FinishReason
+from vllm.v1.request import Request, RequestStatus
+
+
+def member_request(request_id: str, like: Request, prompt: list[int],
+                   params: SamplingParams) -> Request:
+    """A request the hooks make for a member (a child, a restarted call).
+
+    Args:
+        request_id: Its id.
+        like: The request whose client, LoRA, cache salt, priority and
+            arrival time it has (a tree's work ranks by its request's
+            arrival, as on V0).
+        prompt: Its prompt.
+        params: Its sampling parameters.
+
+    Returns:
+        The request.
+    """
+    return Request(request_id=request_id,
+                   prompt_token_ids=prompt,
+                   sampling_params=params,
+                   pooling_params=None,
+                   client_index=like.client_index,
+                   lora_request=like.lora_request,
+                   cache_salt=like.cache_salt,
+                   priority=like.priority,
+                   arrival_time=like.arrival_time,
+                   block_hasher=like._block_hasher)
+
+
+class CallRestarts:
+    """The held roots of one scheduler and their members' new calls.
+
+    Args:
+        scheduler: The `SequenceHookScheduler`.
+        end_requests: Upstream's `finish_requests`.
+    """
+
+    def __init__(self, scheduler: Any,
+                 end_requests: Callable[[Any, RequestStatus], Any]) -> None:
+        self.scheduler = scheduler
+        self.end_requests = end_requests
+        # Per held root, its request as it arrived: every call of its
+        # tree has its parameters.
+        self.templates: dict[str, Request] = {}
+        # Steps in flight per request id (counted while a root is held).
+        self.in_flight: Counter = Counter()
+        # New calls waiting for their old call's steps in flight.
+        self.pending: dict[str, Request] = {}
+
+    def hold(self, root_id: str) -> None:
+        """Holds a new root's outputs back (`StartTree.holds_output`)."""
+        self.templates[root_id] = self.scheduler.requests[root_id]
+
+    def holds(self, request_id: str) -> bool:
+        """Whether a request's outputs are held back."""
+        return request_id in self.templates
+
+    def call(self, member_id: str, root_id: str, prompt: list[int]) -> Request:
+        """A member's call from ``prompt``: its root's parameters (its
+        seed: every call of APR's controller has the request's), the
+        budget of one call (the root's ``max_tokens``) within the context
+        window."""
+        template = self.templates[root_id]
+        params = template.sampling_params.clone()
+        params.prompt_logprobs = None
+        params.max_tokens = min(template.max_tokens,
+                                self.scheduler.max_model_len - len(prompt))
+        return member_request(member_id, template, prompt, params)
+
+    def restart(self, request: Request) -> None:
+        """Ends the member's current call, if running, and starts
+        ``request`` once no step of the old call is in flight."""
+        request_id = request.request_id
+        current = self.scheduler.requests.get(request_id)
+        if current is not None and not current.is_finished():
+            self.end_requests(request_id, RequestStatus.FINISHED_STOPPED)
+        if self.in_flight[request_id]:
+            self.pending[request_id] = request
+        else:
+            self.scheduler.add_request(request)
+
+    def scheduled(self, scheduler_output: SchedulerOutput) -> None:
+        """A step was scheduled: its requests' steps are in flight."""
+        if self.templates:
+            self.in_flight.update(scheduler_output.num_scheduled_tokens)
+
+    def updated(self, scheduler_output: SchedulerOutput) -> None:
+        """A step's output is in: its requests' steps are not in flight;
+        new calls that waited for them start."""
+        if not (self.in_flight or self.pending):
+            return
+        self.in_flight.subtract(scheduler_output.num_scheduled_tokens)
+        self.in_flight = +self.in_flight
+        for request_id in [r for r in self.pending if not self.in_flight[r]]:
+            self.scheduler.add_request(self.pending.pop(request_id))
+
+    def release(self, root_id: str, output_token_ids: tuple[int, ...],
+                out: EngineCoreOutput, reason: Optional[str]) -> None:
+        """A held root's end: ``out`` carries its whole output.
+
+        Args:
+            root_id: The root.
+            output_token_ids: Its output.
+            out: Its output of this step.
+            reason: Its finish reason in its tree.
+        """
+        out.new_token_ids = list(output_token_ids)
+        out.new_logprobs = None
+        if out.finish_reason is None:
+            out.finish_reason = (FinishReason.LENGTH
+                                 if reason == "length" else FinishReason.STOP)
+        self.forget(root_id)
+
+    def template(self, root_id: str) -> Request:
+        """A held root's request as it arrived."""
+        return self.templates[root_id]
+
+    def forget(self, member_id: str) -> None:
+        """Drops a finished or aborted member's records."""
+        self.templates.pop(member_id, None)
+        self.pending.pop(member_id, None)
