@@ -92,11 +92,11 @@ class SpecialKwargs:
     """Engine steps a waiting request may be passed over by critical-path
     work; after that it goes first (the starvation bound)."""
     format: str = PROMISE_SYNC
-    """The fork/join format the model writes: "promise_sync" (the one the
-    engines serve), or a published format's name: "threadweaver" and
-    "apr" (whose tags are the format's; the engines refuse them until they
-    serve them, `checked_special_kwargs`). "multiverse" and "npr" are
-    refused with their reason (`UNSERVED_FORMATS`)."""
+    """The fork/join format the model writes: "promise_sync" (served by
+    both engines), or a published format's name: "threadweaver" (its tags
+    the format's) and "apr" (it reads text), which an engine that does
+    not serve them refuses (`checked_special_kwargs`). "multiverse" and
+    "npr" are refused with their reason (`UNSERVED_FORMATS`)."""
     format_tags: Optional[dict[str, str]] = None
     """A format's tag strings by role, replacing its own (`FORMAT_TAGS`),
     for a model trained with other tags; each must be one token."""
