@@ -190,14 +190,21 @@ class Conclude:
 @dataclass(frozen=True)
 class Restart:
     """End a member's current call and decode it on from a new prompt,
-    under the same request id and sampling parameters, with a new
-    budget (a format that re-sends rewritten text: APR's cut-back join
-    and its rewrite of `<Sub Searches>`). The old call's KV is freed; an
-    engine's prefix cache keeps what the new prompt shares with it."""
+    under the same request id and sampling parameters, with a new budget
+    and a new random generator: a format's next call as its controller
+    makes it (APR re-sends rewritten text; a seeded ThreadWeaver call
+    re-seeds). The old call's KV is freed; an engine's prefix cache keeps
+    what the new prompt shares with it."""
 
     member_id: str
     # The new call's whole prompt.
     prompt_token_ids: tuple[int, ...]
+    # Tokens the member's output shows first (a join's), uncomputed.
+    shown_token_ids: tuple[int, ...] = ()
+    # The logprob each shown token gets where logprobs are reported.
+    token_logprob: float = MERGED_TOKEN_LOGPROB
+    # The new call's budget; None: the request's own (one call's).
+    max_tokens: Optional[int] = None
 
 
 @dataclass(frozen=True)

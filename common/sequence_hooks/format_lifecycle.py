@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Action, Conclude,
-                                    EngineQueries, RequestParams, Resume,
-                                    StartTree)
+                                    EngineQueries, RequestParams, Restart,
+                                    Resume, StartTree)
 from sequence_hooks.lifecycle import PromiseCoordinator
 from sequence_hooks.members import Member
 from sequence_hooks.special_kwargs import SpecialKwargs
@@ -139,7 +139,8 @@ class FormatCoordinator(PromiseCoordinator):
         if steps > self.format.max_steps:
             return actions + [Conclude(member_id, (), MERGED_TOKEN_LOGPROB)]
         if not branches:
-            return actions
+            # The controller's next call, sequential again.
+            return actions + self._next_call(member, length, ())
         limit = self.special_kwargs.max_children_per_sequence
         member.tree.state.num_refused += max(len(branches) - limit, 0)
         for branch in branches[:limit]:
@@ -174,10 +175,29 @@ class FormatCoordinator(PromiseCoordinator):
         self.metrics.merged_tokens.inc(len(token_ids))
         if final:
             return [Conclude(root_id, token_ids, MERGED_TOKEN_LOGPROB)]
-        seed = (member.seed if member.seed is not None
-                and self.queries.reseeds_on_resume(root_id, len(token_ids))
-                else None)
-        return [Resume(root_id, token_ids, MERGED_TOKEN_LOGPROB, seed)]
+        return self._next_call(member, length, token_ids)
+
+    def _next_call(self, member: Member, length: int,
+                   token_ids: tuple[int, ...]) -> list[Action]:
+        """The root's next call after a step, ``token_ids`` joined: its
+        resume, or none (no join) for an unseeded root. The controller
+        seeds every call with the request's seed: on an engine that keeps
+        a resumed request's generator, a seeded root's next call is a new
+        one (`Restart`), its budget what is left."""
+        root_id = member.node.request_id
+        if member.seed is None or self.queries.reseeds_on_resume(
+                root_id, len(token_ids)):
+            # No join: the member decodes on, no event.
+            return [
+                Resume(root_id, token_ids, MERGED_TOKEN_LOGPROB, member.seed)
+            ] if token_ids else []
+        budget = member.tree.params.max_tokens
+        left = (None if budget is None else budget - (length - member.start) -
+                len(token_ids))
+        context = (*self.queries.token_ids(root_id), *token_ids)
+        return [
+            Restart(root_id, context, token_ids, MERGED_TOKEN_LOGPROB, left)
+        ]
 
     def _forget(self, member: Member) -> None:
         self._steps.pop(member.tree.state.root.request_id, None)

@@ -28,6 +28,10 @@ from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks_testkit.formats.apr_controller import (APRController,
                                                            TextCompletion,
                                                            run_apr)
+from sequence_hooks_testkit.formats.apr_scripts import (CALL, CHILD_0, CHILD_1,
+                                                        CONCLUDES, FAILS,
+                                                        GENERATED, LISTED,
+                                                        ROOT, WINS)
 
 SPECIAL = ("<s>", "</s>")
 MERGED = ("<End Calling Sub Searches>", "<Calling Sub Searches>",
@@ -76,25 +80,7 @@ class MergingTokenizer:
 TOKENIZER = MergingTokenizer()
 EOS = TOKENIZER.eos_token_id
 
-ROOT = "Moving to Node #0\nCurrent State: 39:[25, 36, 51, 49], Operations: []"
-GENERATED = ("\nExploring Operation: 51-49=2, Resulting Numbers: [25, 36, 2]\n"
-             "Generated Node #0,0: 39:[25, 36, 2] Operation: 51-49=2\n"
-             "Exploring Operation: 36-25=11, Resulting Numbers: [51, 49, 11]\n"
-             "Generated Node #0,1: 39:[51, 49, 11] Operation: 36-25=11\n")
-LISTED = ("<Start Sub Search 0 at level 1> Moving to Node #0,0\n"
-          "<Start Sub Search 1 at level 1> Moving to Node #0,1\n"
-          "<End Calling Sub Searches>\n")
-CALL = GENERATED + "<Calling Sub Searches>\n" + LISTED
-CHILD_0 = ("Moving to Node #0,0\nCurrent State: 39:[25, 36, 2], "
-           "Operations: ['51-49=2']")
-CHILD_1 = ("Moving to Node #0,1\nCurrent State: 39:[51, 49, 11], "
-           "Operations: ['36-25=11']")
-FAILS = "\nExploring Operation: 25+36=61\n61,39 unequal: No Solution\n"
-WINS = ("\nExploring Operation: 51-11=40\n39,39 equal: Goal Reached\n"
-        "51-11=40\n49-40=9 Goal Reached\n")
-
-AFTER = ("Moving to Node #0,1\n39,39 equal: Goal Reached\n"
-         "36-25=11 Goal Reached\n")
+AFTER = CONCLUDES
 JOINED = "<End Sub Searches>\n"
 
 

@@ -20,7 +20,7 @@ from typing import Optional
 import pytest
 
 from sequence_hooks.actions import (Action, Conclude, Fork, MemberResult, Park,
-                                    ReportTree, RequestParams, Resume,
+                                    ReportTree, RequestParams, Restart, Resume,
                                     StartTree)
 from sequence_hooks.format_lifecycle import BranchResult, FormatCoordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
@@ -128,9 +128,14 @@ class ThreadEngine:
     (EOS or a stop id: "stop"; the budget or the model length:
     "length"; no event for a token that ends its member)."""
 
-    def __init__(self, model: ScriptedModel, max_model_len: int,
-                 max_tokens: Optional[int], limits: dict):
+    def __init__(self,
+                 model: ScriptedModel,
+                 max_model_len: int,
+                 max_tokens: Optional[int],
+                 limits: dict,
+                 seed: Optional[int] = None):
         self.model = model
+        self.seed = seed
         self.max_model_len = max_model_len
         self.max_tokens = max_tokens
         self.coordinator = FormatCoordinator(
@@ -142,7 +147,7 @@ class ThreadEngine:
         self.output: list[int] = []
 
     def run(self, prompt: list[int]) -> list[int]:
-        params = RequestParams(len(prompt), self.max_tokens)
+        params = RequestParams(len(prompt), self.max_tokens, seed=self.seed)
         self.members["root"] = Member(list(prompt), len(prompt))
         while self.members:
             for member_id in list(self.members):
@@ -193,6 +198,14 @@ class ThreadEngine:
                 assert member.parked and action.seed is None
                 member.parked = False
                 member.tokens += action.token_ids
+            elif isinstance(action, Restart):
+                # A new call: its prompt is the member's tokens so far.
+                member = self.members[action.member_id]
+                shown = len(action.shown_token_ids)
+                assert action.prompt_token_ids[:-shown or None] == tuple(
+                    member.tokens)
+                member.parked = False
+                member.tokens = list(action.prompt_token_ids)
             elif isinstance(action, Conclude):
                 member = self.members[action.member_id]
                 member.tokens += action.token_ids
@@ -329,3 +342,34 @@ def test_the_join_is_the_controllers_template():
                 "trigger": "</Out lines>",
                 "thread_end": "</Thread>"
             })
+
+
+@pytest.mark.parametrize("budget", [None, 150])
+def test_a_seeded_root_makes_each_call_anew_as_the_controller(budget):
+    """The controller seeds every call with the request's seed; an engine
+    that keeps a resumed request's generator makes the call after a join,
+    or after outlines with no label, a new one (`Restart`), its budget
+    what is left."""
+    window = 400
+    for name, calls in (("two rounds", 2), ("an outline with no label", 1)):
+        model = CASES[name]
+        controller = tw.ThreadWeaverController(TOKENIZER,
+                                               response_length=budget)
+        expected = tw.run(controller, ScriptedBackend(model, window),
+                          [PROMPT])[0][0]
+        engine = ThreadEngine(model, window, budget, {}, seed=7)
+        assert engine.run(PROMPT) == expected.token_ids, name
+        assert not [a for a in engine.actions if isinstance(a, Resume)]
+        restarts = [a for a in engine.actions if isinstance(a, Restart)]
+        # Each is the controller's next call, none the root's end.
+        assert len(restarts) == calls, name
+        # The joins are shown; after outlines with no label, nothing.
+        shown = [[t for b in fork.branches
+                  for t in b.joined_ids] + fork.suffix_ids
+                 for fork in expected.forks] or [[]]
+        assert [list(r.shown_token_ids) for r in restarts] == shown, name
+        for restart in restarts:
+            own = len(restart.prompt_token_ids) - len(PROMPT)
+            assert restart.max_tokens == (None if budget is None else budget -
+                                          own)
+        assert all(f.seed == 7 for f in engine.actions if isinstance(f, Fork))

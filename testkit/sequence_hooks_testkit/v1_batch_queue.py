@@ -168,9 +168,12 @@ class BatchQueueDriver:
     # Where each request's own tokens start, by request id.
     starts: dict[str, int] = field(default_factory=dict)
     _queue: deque = field(default_factory=deque)
+    # The request object each id's start is of.
+    _requests: dict[str, Request] = field(default_factory=dict)
 
     def add(self, request: Request) -> None:
         self.starts[request.request_id] = request.num_prompt_tokens
+        self._requests[request.request_id] = request
         self.scheduler.add_request(request)
 
     def step(self) -> None:
@@ -210,8 +213,10 @@ class BatchQueueDriver:
             if request.num_computed_tokens < request.num_tokens:
                 # A prefill chunk that ends before the prompt's end.
                 continue
-            if request_id not in self.starts:
-                # A child the hooks made: its context is its prompt.
+            if self._requests.get(request_id) is not request:
+                # A request the hooks made (a child, a call made anew):
+                # its context is its prompt.
+                self._requests[request_id] = request
                 self.starts[request_id] = request.num_prompt_tokens
             position = request.num_computed_tokens - self.starts[request_id]
             sampled[request_id] = self.sample(request_id, position)

@@ -50,6 +50,11 @@ def run(module: str, args: list, cases: list, folder: Path) -> dict:
     }
 
 
+# Sampled, two samples a prompt: the controller seeds every call of
+# sample i with seed + i, as V1 seeds sample i of an `n > 1` request.
+SEEDED = {"temperature": 1.0, "seed": 1234}
+
+
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory) -> tuple[dict, dict]:
     """Each case on both sides: the controller's rollouts, the engine's
@@ -60,20 +65,31 @@ def answers(tmp_path_factory) -> tuple[dict, dict]:
         "settings": {} if budget is None else {
             "response_length": budget
         }
-    } for name, budget in BUDGETS.items()],
-                     tmp_path_factory.mktemp("controller"))
+    } for name, budget in BUDGETS.items()] + [{
+        "name": "n=2 seeded",
+        "prompts": PROMPTS,
+        "sampling": SEEDED,
+        "n": 2
+    }], tmp_path_factory.mktemp("controller"))
     engine = run("run_in_engine", ["threadweaver"], [{
         "name": name,
         "prompts": PROMPTS,
         "max_tokens": budget
-    } for name, budget in BUDGETS.items()], tmp_path_factory.mktemp("engine"))
+    } for name, budget in BUDGETS.items()] + [{
+        "name": "n=2 seeded",
+        "prompts": PROMPTS,
+        "max_tokens": None,
+        "sampling": dict(SEEDED, n=2)
+    }], tmp_path_factory.mktemp("engine"))
     return controller, engine
 
 
-@pytest.mark.parametrize("name", list(BUDGETS))
+@pytest.mark.parametrize("name", [*BUDGETS, "n=2 seeded"])
 def test_the_engine_answers_as_the_controller_token_for_token(answers, name):
+    """Greedy, and seeded with two samples a prompt: a seeded join is a
+    new call (`Restart`), seeded anew as the controller's next call."""
     controller, engine = answers
-    expected = [per[0] for per in controller[name]["rollouts"]]
+    expected = [one for per in controller[name]["rollouts"] for one in per]
     got = engine[name]["answers"]
     for want, have in zip(expected, got, strict=True):
         assert have["token_ids"] == want["token_ids"]

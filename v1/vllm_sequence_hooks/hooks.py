@@ -29,7 +29,7 @@ from sequence_hooks.actions import (Abort, Action, Conclude, Fork,
 from sequence_hooks.coordinators import coordinator_for
 from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.ordering import CriticalPathOrder
-from sequence_hooks.special_kwargs import SpecialKwargs
+from sequence_hooks.special_kwargs import PROMISE_SYNC, SpecialKwargs
 from sequence_hooks.texts import decode_own, encode_merge
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
@@ -96,7 +96,8 @@ class SequenceHooks:
         self.sample_trees = SampleTrees()
         self.child_preemptions = ChildPreemptions()
         self.stop_strings = StopStringChecks(tokenizer)
-        self.restarts = CallRestarts(scheduler, end_requests)
+        self.restarts = CallRestarts(scheduler, end_requests,
+                                     special_kwargs.format != PROMISE_SYNC)
         # Live children's sampled tokens' logprobs (None where merged), if
         # their request asked for logprobs (a root's are its output's).
         self.child_logprobs: dict[str, list] = {}
@@ -281,8 +282,7 @@ class SequenceHooks:
         # A resume extends the prompt in place; with the engine core in
         # process, the frontend holds the same list.
         request.prompt_token_ids = list(request.prompt_token_ids)
-        if action.holds_output:
-            self.restarts.hold(action.root_id)
+        self.restarts.started(action.root_id, action.holds_output)
 
     def _fork(self, child: Fork, step: Optional[_Step]) -> None:
         scheduler = self.scheduler
@@ -378,10 +378,17 @@ class SequenceHooks:
         self.finish_member(request, "stop", step, text, own)
 
     def _restart(self, action: Restart, step: Optional[_Step]) -> None:
+        member_id = action.member_id
+        old = self.scheduler.requests.get(member_id)
+        if action.shown_token_ids and old is not None:
+            append_merged_tokens(self._output_of(old, step), old,
+                                 list(action.shown_token_ids),
+                                 action.token_logprob)
+        self.scheduler.parking.forget(member_id)
         self.restarts.restart(
-            self.restarts.call(action.member_id,
-                               self.coordinator.root_of(action.member_id),
-                               list(action.prompt_token_ids)))
+            self.restarts.call(member_id, self.coordinator.root_of(member_id),
+                               list(action.prompt_token_ids),
+                               action.max_tokens))
 
     @staticmethod
     def _output_of(request: Request, step: _Step) -> EngineCoreOutput:
@@ -409,6 +416,7 @@ class SequenceHooks:
             out = self._output_of(self.restarts.template(action.root_id), step)
             self.restarts.release(action.root_id, action.output_token_ids, out,
                                   action.tree.finish_reason)
+        self.restarts.forget(action.root_id)
         if out is not None:
             attach_tree(out, action.tree)
 

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Members' calls made anew on V1 (APR's format: `Restart`, `Fork.fresh`,
-held outputs), and the requests the hooks make for members.
+"""Members' calls made anew on V1 (`Restart`: APR's calls, a seeded
+ThreadWeaver call after a join; `Fork.fresh`; held outputs), and the
+requests the hooks make for members.
 
 A restarted call is a new `Request` under the member's id, from the
 re-tokenized prompt the format gives: the old call ends (upstream frees
@@ -56,38 +57,55 @@ class CallRestarts:
     Args:
         scheduler: The `SequenceHookScheduler`.
         end_requests: Upstream's `finish_requests`.
+        enabled: Whether the format's lifecycle may restart calls (none
+            of this runs for promise/sync).
     """
 
     def __init__(self, scheduler: Any,
-                 end_requests: Callable[[Any, RequestStatus], Any]) -> None:
+                 end_requests: Callable[[Any, RequestStatus],
+                                        Any], enabled: bool) -> None:
         self.scheduler = scheduler
         self.end_requests = end_requests
-        # Per held root, its request as it arrived: every call of its
+        self.enabled = enabled
+        # Per tree's root, its request as it arrived: every call of its
         # tree has its parameters.
         self.templates: dict[str, Request] = {}
-        # Steps in flight per request id (counted while a root is held).
+        # Roots whose outputs are held back.
+        self.held: set[str] = set()
+        # Steps in flight per request id (counted while a tree that may
+        # restart lives: no cost without one).
         self.in_flight: Counter = Counter()
         # New calls waiting for their old call's steps in flight.
         self.pending: dict[str, Request] = {}
 
-    def hold(self, root_id: str) -> None:
-        """Holds a new root's outputs back (`StartTree.holds_output`)."""
+    def started(self, root_id: str, holds_output: bool) -> None:
+        """A tree started (`StartTree`): its root's request is its calls'
+        template; ``holds_output``: its outputs are held back."""
+        if not self.enabled:
+            return
         self.templates[root_id] = self.scheduler.requests[root_id]
+        if holds_output:
+            self.held.add(root_id)
 
     def holds(self, request_id: str) -> bool:
         """Whether a request's outputs are held back."""
-        return request_id in self.templates
+        return request_id in self.held
 
-    def call(self, member_id: str, root_id: str, prompt: list[int]) -> Request:
+    def call(self,
+             member_id: str,
+             root_id: str,
+             prompt: list[int],
+             max_tokens: Optional[int] = None) -> Request:
         """A member's call from ``prompt``: its root's parameters (its
-        seed: every call of APR's controller has the request's), the
-        budget of one call (the root's ``max_tokens``) within the context
-        window."""
+        seed: every call of a format's controller has the request's),
+        ``max_tokens`` (None: the root's, one call's budget), within the
+        context window."""
         template = self.templates[root_id]
         params = template.sampling_params.clone()
         params.prompt_logprobs = None
-        params.max_tokens = min(template.max_tokens,
-                                self.scheduler.max_model_len - len(prompt))
+        params.max_tokens = min(
+            template.max_tokens if max_tokens is None else max_tokens,
+            self.scheduler.max_model_len - len(prompt))
         return member_request(member_id, template, prompt, params)
 
     def restart(self, request: Request) -> None:
@@ -135,10 +153,11 @@ class CallRestarts:
         self.forget(root_id)
 
     def template(self, root_id: str) -> Request:
-        """A held root's request as it arrived."""
+        """A tree's root's request as it arrived."""
         return self.templates[root_id]
 
     def forget(self, member_id: str) -> None:
         """Drops a finished or aborted member's records."""
         self.templates.pop(member_id, None)
+        self.held.discard(member_id)
         self.pending.pop(member_id, None)

@@ -8,8 +8,10 @@ Usage (in .venv-v1): python -m sequence_hooks_testkit.formats.run_in_engine
     MODEL FORMAT CASES.json OUT.json
 
 CASES.json is a list of cases, each ``{"name", "prompts": [text],
-"max_tokens": N or null}`` (greedy; fp32, eager, the same engine settings
-as `run_threadweaver`'s stock side). The prompts are tokenized without
+"max_tokens": N or null}``, greedy unless ``"sampling"`` gives
+`SamplingParams` fields (``n`` among them: every sample is an answer, in
+order); fp32, eager, the same engine settings as `run_threadweaver`'s
+stock side. The prompts are tokenized without
 special tokens, or with ``"text": true`` sent as text (tokenized as the
 completions API does: APR's controller sends text).
 """
@@ -50,20 +52,21 @@ def main() -> None:
             TokensPrompt(prompt_token_ids=tokenizer.encode(
                 text, add_special_tokens=False)) for text in case["prompts"]
         ]
+        sampling = {"temperature": 0.0, **case.get("sampling", {})}
         outputs = llm.generate(prompts,
-                               SamplingParams(temperature=0.0,
-                                              max_tokens=case["max_tokens"]),
+                               SamplingParams(max_tokens=case["max_tokens"],
+                                              **sampling),
                                use_tqdm=False)
         answers = []
         for output in outputs:
-            completion = output.outputs[0]
-            tree = promise_tree(output)
-            answers.append({
+            # A sample's tree comes with its request's (`n > 1`): none.
+            tree = promise_tree(output) if len(output.outputs) == 1 else None
+            answers += [{
                 "token_ids": list(completion.token_ids),
                 "text": completion.text,
                 "finish_reason": completion.finish_reason,
                 "tree": None if tree is None else tree.to_dict(),
-            })
+            } for completion in output.outputs]
         results.append({"name": case["name"], "answers": answers})
     args.out.write_text(json.dumps(results))
 
