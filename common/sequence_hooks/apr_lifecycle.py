@@ -108,8 +108,7 @@ class APRCoordinator(PromiseCoordinator):
     def own_start(self, member_id: str) -> int:
         """Where the member's current call's sampled tokens start."""
         call = self._calls.get(member_id)
-        return call.start if call is not None else super().own_start(
-            member_id)
+        return call.start if call is not None else super().own_start(member_id)
 
     def sampled(self, member_id: str, token_id: int, length: int,
                 params) -> list[Action]:
@@ -169,7 +168,7 @@ class APRCoordinator(PromiseCoordinator):
               nodes: list[Node]) -> list[Action]:
         """Forks a root's sub-searches, each from its fresh prompt."""
         root_id = member.node.request_id
-        limit = self.special_kwargs.max_children_per_sequence
+        limit = self.special_kwargs.fork_limit(member.tree.state.num_spawned)
         member.tree.state.num_refused += max(len(nodes) - limit, 0)
         self._searches[root_id] = _Search(trace, nodes)
         at = self._own_length(root_id, cut_trace(trace))

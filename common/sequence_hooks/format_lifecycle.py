@@ -138,12 +138,15 @@ class FormatCoordinator(PromiseCoordinator):
         steps = self._steps[member_id] = self._steps.get(member_id, 1) + 1
         if steps > self.format.max_steps:
             return actions + [Conclude(member_id, (), MERGED_TOKEN_LOGPROB)]
-        if not branches:
+        # The limits may refuse branches (the controller has none); with
+        # none left, the member decodes on as after outlines with no label.
+        tree = member.tree.state
+        forked = branches[:self.special_kwargs.fork_limit(tree.num_spawned)]
+        tree.num_refused += len(branches) - len(forked)
+        if not forked:
             # The controller's next call, sequential again.
             return actions + self._next_call(member, length, ())
-        limit = self.special_kwargs.max_children_per_sequence
-        member.tree.state.num_refused += max(len(branches) - limit, 0)
-        for branch in branches[:limit]:
+        for branch in forked:
             # Each branch is a call of its own, with the request's seed.
             actions.append(
                 self._fork(member, length, branch.context_tokens, member.seed,

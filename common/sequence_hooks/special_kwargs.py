@@ -101,6 +101,14 @@ class SpecialKwargs:
     """A format's tag strings by role, replacing its own (`FORMAT_TAGS`),
     for a model trained with other tags; each must be one token."""
 
+    def fork_limit(self, num_spawned: int) -> int:
+        """Children one fork of a format may start, in a tree that has
+        spawned ``num_spawned``: `max_children_per_sequence`, within what
+        is left of `max_children_per_request`."""
+        return max(
+            min(self.max_children_per_sequence,
+                self.max_children_per_request - num_spawned), 0)
+
     @property
     def tags(self) -> dict[str, str]:
         """The format's tags by role, with ``format_tags`` applied."""

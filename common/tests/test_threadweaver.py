@@ -373,3 +373,30 @@ def test_a_seeded_root_makes_each_call_anew_as_the_controller(budget):
             assert restart.max_tokens == (None if budget is None else budget -
                                           own)
         assert all(f.seed == 7 for f in engine.actions if isinstance(f, Fork))
+
+
+@pytest.mark.parametrize("limits,forked,parks", [
+    ({
+        "max_children_per_sequence": 1
+    }, ["1", "1"], 2),
+    ({
+        "max_children_per_request": 3
+    }, ["1", "2", "1"], 2),
+    ({
+        "max_children_per_request": 2
+    }, ["1", "2"], 1),
+])
+def test_the_limits_refuse_branches_and_a_fork_with_none_decodes_on(
+        limits, forked, parks):
+    """A fork starts `max_children_per_sequence` branches at most, within
+    what is left of `max_children_per_request` (the controller has no
+    limit: a documented difference); refused ones are counted, and a fork
+    left with none decodes on, as after outlines with no label, never
+    parked with nothing to wait for."""
+    engine = ThreadEngine(CASES["two rounds"], 400, None, limits)
+    answer = TOKENIZER.decode(engine.run(PROMPT))
+    assert answer.endswith("end<eos>")
+    assert [a.label for a in engine.actions if isinstance(a, Fork)] == forked
+    assert len([a for a in engine.actions if isinstance(a, Park)]) == parks
+    [start] = [a for a in engine.actions if isinstance(a, StartTree)]
+    assert start.tree.num_refused == 4 - len(forked)
