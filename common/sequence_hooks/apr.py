@@ -160,6 +160,7 @@ class APRFormat:
             (special tokens skipped).
         decode_prompt: Prompt ids to text, special tokens kept.
         encode_text: Text to ids, no special tokens added.
+        eos_token_id: The end-of-sequence token.
         closing: Ids whose text holds the stop string's last character
             (the only tokens that can complete it).
         budget: The children's ``Token Budget`` prefix; None: none.
@@ -171,6 +172,7 @@ class APRFormat:
     decode: Callable[[list[int]], str]
     decode_prompt: Callable[[list[int]], str]
     encode_text: Callable[[str], list[int]]
+    eos_token_id: Optional[int]
     closing: frozenset[int]
     budget: Optional[int] = None
     avg_sub_call: bool = False
@@ -186,6 +188,7 @@ class APRFormat:
             lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
             lambda ids: tokenizer.decode(ids, skip_special_tokens=False),
             lambda text: tokenizer.encode(text, add_special_tokens=False),
+            tokenizer.eos_token_id,
             frozenset(i for i, piece in enumerate(pieces)
                       if piece and SUB_SEARCHES[-1] in piece))
 

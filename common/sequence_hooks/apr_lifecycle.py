@@ -155,14 +155,19 @@ class APRCoordinator(PromiseCoordinator):
             list(result.token_ids)))
         trace = ended_trace(
             call_trace(self.format.bos_token, call.prefix, text))
+        # The stop id that ended the call (EOS) ends the output too, as a
+        # stock request's does (the frontend does not detokenize it).
+        ids = list(result.token_ids)
+        stop = tuple(ids[-1:]) if reason == "stop" and ids and (
+            ids[-1] == self.format.eos_token_id) else ()
         if member.node.parent is None and calls_sub_searches(trace):
             try:
                 nodes = sub_searches(trace)
             except MALFORMED:
                 # The reference gives up on the search, with this trace.
-                return self._end(member, reason, trace)
+                return self._end(member, reason, trace, stop)
             return self._call(member, trace, nodes)
-        return self._end(member, reason, trace)
+        return self._end(member, reason, trace, stop)
 
     def _call(self, member: Member, trace: str,
               nodes: list[Node]) -> list[Action]:
@@ -225,9 +230,14 @@ class APRCoordinator(PromiseCoordinator):
         self._calls[member_id] = _Call(trace, len(prompt))
         return [Restart(member_id, tuple(prompt))]
 
-    def _end(self, member: Member, reason: str, trace: str) -> list[Action]:
+    def _end(self,
+             member: Member,
+             reason: str,
+             trace: str,
+             stop: tuple[int, ...] = ()) -> list[Action]:
         """Ends a member with its trace: a child's result, or a root's
-        output (its trace after its prompt)."""
+        output (its trace after its prompt, then ``stop``: the stop id its
+        last call ended at, if any)."""
         member_id = member.node.request_id
         if member.node.parent is not None:
             # A sub-search's tokens in the tree: its final call's prompt
@@ -237,7 +247,7 @@ class APRCoordinator(PromiseCoordinator):
                                     MemberResult(own, trace))
         prefix = self._prompts.pop(member_id)
         text = trace[len(prefix):] if trace.startswith(prefix) else trace
-        own = tuple(self.format.encode_text(text))
+        own = (*self.format.encode_text(text), *stop)
         actions = super().finished(member_id, reason,
                                    MemberResult(list(own), text))
         return [

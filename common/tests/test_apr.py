@@ -261,8 +261,11 @@ def assert_same(rollout, server, engine, report) -> None:
     """The same calls (prompt ids) and the same final trace; the tree
     holds each sub-search's final trace."""
     assert sorted(engine.prompts) == sorted(server.prompts)
-    assert TOKENIZER.decode(list(
-        report.output_token_ids)) == (rollout.trace[len(ROOT):])
+    # The output ends with the EOS that ended the last call, as a stock
+    # request's does.
+    *output, last = report.output_token_ids
+    assert last == EOS
+    assert TOKENIZER.decode(output) == rollout.trace[len(ROOT):]
     assert [child.text for child in report.tree.children
             ] == [trace for round_ in rollout.rounds for trace in round_]
 

@@ -11,22 +11,17 @@ CASES.json is a list of cases, each ``{"name", "prompts": [prefix text],
 as text before its prefix (the reference's ``ADD_BOS``).
 """
 
-import argparse
 import dataclasses
 import json
-from pathlib import Path
 
 from sequence_hooks_testkit.formats.apr_controller import (APRController,
                                                            run_apr)
-from sequence_hooks_testkit.formats.run_threadweaver import backend_for
+from sequence_hooks_testkit.formats.run_threadweaver import (backend_for,
+                                                             runner_parser)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model")
-    parser.add_argument("cases", type=Path)
-    parser.add_argument("out", type=Path)
-    parser.add_argument("--url")
+    parser = runner_parser(__doc__)
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args()
     from transformers import AutoTokenizer

@@ -61,13 +61,19 @@ def run_cases(backend, tokenizer, cases: list[dict]) -> list[dict]:
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def runner_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line of a controller's runner: MODEL CASES.json
+    OUT.json [--url URL] (``doc``: the runner's docstring)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("model")
     parser.add_argument("cases", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--url")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = runner_parser(__doc__).parse_args()
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     backend = backend_for(args.model, args.url)

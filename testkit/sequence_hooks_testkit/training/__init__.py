@@ -13,6 +13,8 @@ Modules:
   `capitals_task` (its task: chat prompts of k countries, parallel and
   sequential forms, scoring);
 - `threadweaver_task` (models/threadweaver-toy's task in ThreadWeaver's
-  format, its tokenizer and its training pieces);
-- `loop` (the toy models' training loop).
+  format, its tokenizer and its training pieces) and `apr_task`
+  (models/apr-toy's Countdown searches in APR's trace format);
+- `loop` (the toy models' training loop and the format toys' packed
+  runs).
 """

@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""APR's format served in-engine by the V1 plugin
+(``special_kwargs={"format": "apr"}``) against APR's own controller over
+stock vLLM, on models/apr-toy, greedy, each side in a process of its own:
+the same final trace for every search, each sub-search's trace in the
+tree as the controller's child, offline (`LLM(..., special_kwargs=)`)
+and over the OpenAI API (`vllm serve --special-kwargs`), completions and
+chat, whole and streamed.
+
+The prompt is what APR's controller sends: the model's BOS as text, then
+the root's ``Moving to Node #0`` prefix; every call's budget is the
+request's ``max_tokens`` (the controller's, per call).
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from sequence_hooks_testkit.formats.toy_server import choices, toy_server
+
+MODEL = Path(__file__).resolve().parents[2] / "models" / "apr-toy"
+TOKENIZER = AutoTokenizer.from_pretrained(MODEL)
+BOS = TOKENIZER.bos_token
+PREFIXES = [
+    json.loads(line)["prompt"]
+    for line in (MODEL / "prompts.jsonl").read_text().splitlines()
+][:8]
+MAX_MODEL_LEN = 2048
+MAX_TOKENS = 400
+CHAT_TEMPLATE = "{{ bos_token }}{{ messages[0]['content'] }}"
+
+
+def run(module: str, args: list, cases: list, folder: Path) -> list:
+    (folder / "cases.json").write_text(json.dumps(cases))
+    subprocess.run([
+        sys.executable, "-m", f"sequence_hooks_testkit.formats.{module}",
+        str(MODEL), *args, folder / "cases.json", folder / "out.json",
+        "--max-model-len",
+        str(MAX_MODEL_LEN)
+    ],
+                   check=True,
+                   timeout=1500)
+    [case] = json.loads((folder / "out.json").read_text())
+    return case
+
+
+@pytest.fixture(scope="module")
+def answers(tmp_path_factory) -> tuple[list, list]:
+    """The controller's searches and the engine's answers."""
+    controller = run("run_apr", [], [{
+        "name": "greedy",
+        "prompts": PREFIXES,
+        "max_tokens": MAX_TOKENS
+    }], tmp_path_factory.mktemp("controller"))["searches"]
+    engine = run("run_in_engine", ["apr"],
+                 [{
+                     "name": "greedy",
+                     "prompts": [BOS + prefix for prefix in PREFIXES],
+                     "max_tokens": MAX_TOKENS,
+                     "text": True
+                 }], tmp_path_factory.mktemp("engine"))["answers"]
+    return controller, engine
+
+
+def test_the_engine_ends_with_the_controllers_trace(answers):
+    controller, engine = answers
+    for prefix, search, answer in zip(PREFIXES,
+                                      controller,
+                                      engine,
+                                      strict=True):
+        assert prefix + answer["text"] == search["trace"]
+        # The trace's ids, then the EOS that ended the last call.
+        eos = [TOKENIZER.eos_token_id
+               ] if answer["finish_reason"] == "stop" else []
+        assert answer["token_ids"] == TOKENIZER.encode(
+            search["trace"][len(prefix):], add_special_tokens=False) + eos
+    # The toy calls sub-searches: the comparison covers joins.
+    assert sum(len(search["rounds"]) for search in controller) > 0
+
+
+def test_the_tree_holds_each_sub_search_as_the_controllers(answers):
+    controller, engine = answers
+    for search, answer in zip(controller, engine):
+        children = (answer["tree"] or {}).get("children") or []
+        assert [c["text"] for c in children] == [
+            trace for round_ in search["rounds"] for trace in round_
+        ]
+        for child in children:
+            assert child["label"].startswith("#0,")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """`vllm serve` of the toy with the format, as a user starts it."""
+    with toy_server(MODEL,
+                    tmp_path_factory.mktemp("served") / "server.log",
+                    ("--special-kwargs", json.dumps(
+                        {"format": "apr"}), "--chat-template", CHAT_TEMPLATE),
+                    max_model_len=MAX_MODEL_LEN) as url:
+        yield url
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_over_the_api_the_engine_ends_with_the_controllers_trace(
+        answers, served, chat, stream):
+    controller, _ = answers
+    for prefix, search in zip(PREFIXES, controller):
+        body = {
+            "model": str(MODEL),
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "stream": stream,
+        }
+        if chat:
+            body["messages"] = [{"role": "user", "content": prefix}]
+        else:
+            body["prompt"] = BOS + prefix
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        got, _ = choices(served, path, body)
+        key = "delta" if stream else "message"
+        text = "".join((c.get(key) or {}).get("content") or ""
+                       for c in got) if chat else "".join(
+                           c.get("text") or "" for c in got)
+        assert prefix + text == search["trace"]

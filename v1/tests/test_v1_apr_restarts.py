@@ -1,0 +1,151 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""APR's restarted calls on the real V1 scheduler, model-free, with and
+without async scheduling (the engine core's batch queue, as
+`test_v1_async_scheduling` drives it).
+
+A restarted call is a new request under its member's id. With a step of
+the old call in flight, upstream would apply that step's token to the new
+request; the new call therefore starts only once none is in flight. A
+scripted search runs both ways: the same output, the root's held until
+its end, and the scheduler left clean.
+"""
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+from vllm_sequence_hooks.scheduler import (AsyncSequenceHookScheduler,
+                                           SequenceHookScheduler)
+
+from sequence_hooks_testkit.formats.apr_scripts import (CONCLUDES, FAILS,
+                                                        GENERATED, LISTED,
+                                                        ROOT, WINS)
+from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
+                                                   make_request,
+                                                   make_scheduler)
+from sequence_hooks_testkit.v1_engines import computed_tokens
+
+# The APR toy's configuration and tokenizer (no weights are read).
+MODEL = Path(__file__).resolve().parents[2] / "models" / "apr-toy"
+TOKENIZER = AutoTokenizer.from_pretrained(MODEL)
+EOS = TOKENIZER.eos_token_id
+# How the root's call made anew at `<Calling Sub Searches>` goes on.
+AFTER_CALLING = "\n" + LISTED
+# The root writes `<Sub Searches>`: its call is made anew there, so what
+# would follow is never sampled, unless a step in flight leaks into the new
+# call.
+WRITES_THE_TAG = GENERATED + "<Sub Searches>" + "never sampled"
+# Each call's text by how its prompt ends: the root's first call, its call
+# made anew, the two children, the root after their join.
+SCRIPTS = {
+    "Operations: []": WRITES_THE_TAG,
+    "<Calling Sub Searches>": AFTER_CALLING,
+    "Operations: ['51-49=2']": FAILS,
+    "Operations: ['36-25=11']": WINS,
+    "<End Sub Searches>\n": CONCLUDES,
+}
+
+
+def sampler(scheduler, scripts: dict[str, str]):
+    """Each call writes its script, one token a position, then EOS (also
+    for a step in flight past its end, as under async scheduling)."""
+    tokens = {
+        end: TOKENIZER.encode(text, add_special_tokens=False) + [EOS]
+        for end, text in scripts.items()
+    }
+
+    def sample(request_id: str, position: int) -> int:
+        request = scheduler.requests[request_id]
+        prompt = TOKENIZER.decode(request.prompt_token_ids)
+        [script] = [t for end, t in tokens.items() if prompt.endswith(end)]
+        return script[min(position, len(script) - 1)]
+
+    return sample
+
+
+def run(async_scheduling: bool, scripts: dict[str, str] = SCRIPTS):
+    scheduler = make_scheduler(SequenceHookScheduler,
+                               MODEL,
+                               async_scheduling,
+                               special_kwargs={"format": "apr"},
+                               max_model_len=2048)
+    driver = BatchQueueDriver(scheduler,
+                              sampler(scheduler, scripts),
+                              depth=2 if async_scheduling else 1)
+    prompt = TOKENIZER.encode(TOKENIZER.bos_token + ROOT)
+    driver.add(make_request(scheduler, "r0", prompt, 400, EOS))
+    with computed_tokens(scheduler) as log:
+        driver.run()
+    return scheduler, driver, log
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True],
+                         ids=["sync", "async"])
+def test_a_search_restarts_its_calls_cleanly(async_scheduling):
+    scheduler, driver, log = run(async_scheduling)
+    assert (type(scheduler) is AsyncSequenceHookScheduler) == async_scheduling
+    # The root's output: once, at its end, the whole final trace.
+    [(request_id, token_ids, reason)] = driver.outputs
+    assert (request_id, reason) == ("r0", "stop")
+    assert token_ids[-1] == EOS
+    text = TOKENIZER.decode(token_ids[:-1])
+    assert text == (GENERATED + "<Sub Searches>\n"
+                    "<No Solution in Sub Search 0 at level 1 at Node #0,0>\n"
+                    "<Goal Reached in Sub Search 1 at level 1 at Node #0,1>\n"
+                    "51-11=40\n49-40=9 Goal Reached\n<End Sub Searches>\n" +
+                    CONCLUDES.rstrip("\n"))
+    tree = driver.trees["r0"]
+    assert [c["label"] for c in tree["children"]] == ["#0,0", "#0,1"]
+    # Three calls of the root (the rewrite, the call, the join), one of
+    # each child: each starts with a prefill of its prompt.
+    prefills = [r for r, n in log if n > 1]
+    assert sorted(prefills) == ["r0"] * 3 + ["r0/promise-0", "r0/promise-1"]
+    assert_clean(scheduler)
+
+
+def assert_clean(scheduler) -> None:
+    assert scheduler.requests == {}
+    assert scheduler.hooks.coordinator.num_members() == 0
+    assert not scheduler.hooks.restarts.pending
+    assert not scheduler.hooks.restarts.templates
+    pool = scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+
+
+def test_async_and_sync_give_the_same_search():
+    _, sync_run, _ = run(False)
+    _, async_run, _ = run(True)
+    assert async_run.outputs == sync_run.outputs
+    assert async_run.overlapped > 0
+
+
+# Calls APR's controller answers without children: one that lists none
+# (joined at once: a restart right after the call's end, with its next
+# step in flight under async scheduling) and one whose node the trace
+# does not describe (the search ends there, as the reference's `except`).
+NO_CHILD = "<Calling Sub Searches>\n<End Calling Sub Searches>\n"
+UNKNOWN_NODE = ("<Calling Sub Searches>\n<Start Sub Search 0 at level 1> "
+                "Moving to Node #0,7\n<End Calling Sub Searches>\n")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True],
+                         ids=["sync", "async"])
+@pytest.mark.parametrize("call,expected", [
+    (NO_CHILD, GENERATED + "<Sub Searches>\n<End Sub Searches>\n" +
+     CONCLUDES.rstrip("\n")),
+    (UNKNOWN_NODE, GENERATED + UNKNOWN_NODE.rstrip("\n")),
+],
+                         ids=["no child", "unknown node"])
+def test_a_call_without_children_ends_as_the_controller_answers_it(
+        async_scheduling, call, expected):
+    scheduler, driver, _ = run(async_scheduling, {
+        "Operations: []": GENERATED + call,
+        "<End Sub Searches>\n": CONCLUDES
+    })
+    [(request_id, token_ids, reason)] = driver.outputs
+    assert (request_id, reason) == ("r0", "stop")
+    assert token_ids[-1] == EOS
+    assert TOKENIZER.decode(token_ids[:-1]) == expected
+    assert not driver.trees["r0"]["children"]
+    assert_clean(scheduler)
