@@ -69,6 +69,8 @@ class APRCoordinator(PromiseCoordinator):
         metrics: `SequenceHookMetrics` to update; None: none.
     """
 
+    trees_start_at_arrival = True
+
     def __init__(self,
                  apr_format: APRFormat,
                  special_kwargs: SpecialKwargs,

@@ -49,6 +49,11 @@ class PromiseCoordinator:
         metrics: `SequenceHookMetrics` to update; None: none.
     """
 
+    # Whether every request is a tree's root from its arrival (the
+    # engine then reports it: `arrived`); here a tree starts at its first
+    # promise.
+    trees_start_at_arrival = False
+
     def __init__(self,
                  special_kwargs: SpecialKwargs,
                  queries: EngineQueries,
@@ -168,12 +173,6 @@ class PromiseCoordinator:
                                        node.parent.parked_since is not None)
 
     # Events.
-
-    def arrived(self, member_id: str, prompt_token_ids: list[int],
-                params: RequestParams) -> list[Action]:
-        """A request arrived: no event (a tree starts at its first
-        promise; `APRCoordinator` starts one at every arrival)."""
-        return []
 
     def sampled(self, member_id: str, token_id: int, length: int,
                 params: Callable[[], RequestParams]) -> list[Action]:

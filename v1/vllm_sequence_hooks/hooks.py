@@ -190,6 +190,8 @@ class SequenceHooks:
         """A new request: notes the samples of `n > 1` requests; an event
         for the coordinator (APR's trees start here)."""
         self.sample_trees.added(request_id)
+        if not self.coordinator.trees_start_at_arrival:
+            return
         request = self.scheduler.requests[request_id]
         self._carry_out(
             self.coordinator.arrived(

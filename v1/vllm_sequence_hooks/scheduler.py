@@ -97,7 +97,8 @@ class SequenceHookScheduler(Scheduler):
         finally:
             self.num_waiting_for_streaming_input += parked
         self.hooks.metrics.kv_cache_usage.set(self.kv_cache_manager.usage)
-        self.hooks.restarts.scheduled(output)
+        if self.hooks.restarts.enabled:
+            self.hooks.restarts.scheduled(output)
         return output
 
     def update_from_output(
@@ -111,7 +112,8 @@ class SequenceHookScheduler(Scheduler):
         engine_outputs = super().update_from_output(scheduler_output,
                                                     model_runner_output)
         self.hooks.update(members, engine_outputs)
-        self.hooks.restarts.updated(scheduler_output)
+        if self.hooks.restarts.enabled:
+            self.hooks.restarts.updated(scheduler_output)
         return engine_outputs
 
     def finish_requests(self, request_ids: Any,
