@@ -155,11 +155,12 @@ class SequenceHooks:
             for out in outputs.outputs:
                 if out.request_id in children:
                     self.child_preemptions.hold(children[out.request_id], out)
-            # Nor do held roots before their end.
+            # Nor do held roots before their end (a set lookup per output,
+            # no call: this runs every step a tree lives).
+            held = self.restarts.held
             outputs.outputs = [
-                out for out in outputs.outputs
-                if out.request_id not in children
-                and not self.restarts.holds(out.request_id)
+                out for out in outputs.outputs if
+                out.request_id not in children and out.request_id not in held
             ]
         for client_index, outputs in step.extra.items():
             engine_outputs.setdefault(

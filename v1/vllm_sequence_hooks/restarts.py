@@ -87,10 +87,6 @@ class CallRestarts:
         if holds_output:
             self.held.add(root_id)
 
-    def holds(self, request_id: str) -> bool:
-        """Whether a request's outputs are held back."""
-        return request_id in self.held
-
     def call(self,
              member_id: str,
              root_id: str,
