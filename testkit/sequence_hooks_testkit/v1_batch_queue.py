@@ -34,7 +34,7 @@ from vllm.v1.core.sched.output import SchedulerOutput  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 # Stands in for any token that is not a hook token or the end.
@@ -202,6 +202,27 @@ class BatchQueueDriver:
                 return
             self.step()
         raise AssertionError(f"not done after {max_calls} calls")
+
+    def run_until(self, reached: Callable[[Any], bool], what: str) -> None:
+        """Steps until ``reached(scheduler)`` holds after a step.
+
+        Raises:
+            AssertionError: The run ended first.
+        """
+        for _ in range(100000):
+            if not (self.scheduler.has_requests() or self._queue):
+                break
+            self.step()
+            if reached(self.scheduler):
+                return
+        raise AssertionError(f"never reached: {what}")
+
+    def abort(self, request_id: str) -> None:
+        """Aborts a request as the engine core does for the frontend
+        (`EngineCore.abort_requests`), then steps until nothing is left."""
+        self.scheduler.finish_requests(request_id,
+                                       RequestStatus.FINISHED_ABORTED)
+        self.run()
 
     def _sampled(self, output: SchedulerOutput) -> dict[str, int]:
         """The token each scheduled request samples in this step, decided

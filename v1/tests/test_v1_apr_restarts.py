@@ -11,6 +11,7 @@ scripted search runs both ways: the same output, the root's held until
 its end, and the scheduler left clean.
 """
 
+import functools
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,9 @@ from transformers import AutoTokenizer
 from vllm_sequence_hooks.scheduler import (AsyncSequenceHookScheduler,
                                            SequenceHookScheduler)
 
-from sequence_hooks_testkit.formats.apr_scripts import (CONCLUDES, FAILS,
-                                                        GENERATED, LISTED,
-                                                        ROOT, WINS)
+from sequence_hooks_testkit.formats.apr_scripts import (CHILD_1, CONCLUDES,
+                                                        FAILS, GENERATED,
+                                                        LISTED, ROOT, WINS)
 from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
@@ -30,6 +31,7 @@ from sequence_hooks_testkit.v1_engines import computed_tokens
 MODEL = Path(__file__).resolve().parents[2] / "models" / "apr-toy"
 TOKENIZER = AutoTokenizer.from_pretrained(MODEL)
 EOS = TOKENIZER.eos_token_id
+PROMPT = TOKENIZER.encode(TOKENIZER.bos_token + ROOT)
 # How the root's call made anew at `<Calling Sub Searches>` goes on.
 AFTER_CALLING = "\n" + LISTED
 # The root writes `<Sub Searches>`: its call is made anew there, so what
@@ -64,7 +66,8 @@ def sampler(scheduler, scripts: dict[str, str]):
     return sample
 
 
-def run(async_scheduling: bool, scripts: dict[str, str] = SCRIPTS):
+def searches(async_scheduling: bool, scripts: dict[str, str] = SCRIPTS):
+    """A scheduler that serves APR searches of ``scripts``; its driver."""
     scheduler = make_scheduler(SequenceHookScheduler,
                                MODEL,
                                async_scheduling,
@@ -73,8 +76,12 @@ def run(async_scheduling: bool, scripts: dict[str, str] = SCRIPTS):
     driver = BatchQueueDriver(scheduler,
                               sampler(scheduler, scripts),
                               depth=2 if async_scheduling else 1)
-    prompt = TOKENIZER.encode(TOKENIZER.bos_token + ROOT)
-    driver.add(make_request(scheduler, "r0", prompt, 400, EOS))
+    return scheduler, driver
+
+
+def run(async_scheduling: bool, scripts: dict[str, str] = SCRIPTS):
+    scheduler, driver = searches(async_scheduling, scripts)
+    driver.add(make_request(scheduler, "r0", PROMPT, 400, EOS))
     with computed_tokens(scheduler) as log:
         driver.run()
     return scheduler, driver, log
@@ -148,4 +155,70 @@ def test_a_call_without_children_ends_as_the_controller_answers_it(
     assert token_ids[-1] == EOS
     assert TOKENIZER.decode(token_ids[:-1]) == expected
     assert not driver.trees["r0"]["children"]
+    assert_clean(scheduler)
+
+
+@functools.cache
+def alone_output(async_scheduling: bool) -> list:
+    """The engine's outputs for the scripted search run alone."""
+    _, driver, _ = run(async_scheduling)
+    return driver.outputs
+
+
+def own_tokens(scheduler, request_id: str, prompt_end: str) -> int:
+    """Tokens the request's current call has sampled, if its prompt ends
+    with ``prompt_end`` (else -1)."""
+    request = scheduler.requests.get(request_id)
+    if request is None or not TOKENIZER.decode(
+            request.prompt_token_ids).endswith(prompt_end):
+        return -1
+    return request.num_output_tokens
+
+
+# Where a search is aborted from outside (its client gone), by what the
+# scheduler holds after a step. The old call's step in flight while its
+# call made anew waits is an async scheduling state only.
+STAGES = {
+    "first call":
+    lambda s: own_tokens(s, "r0", "Operations: []") >= 3,
+    "call made anew, old step in flight":
+    lambda s: "r0" in s.hooks.restarts.pending,
+    "call made anew":
+    lambda s: own_tokens(s, "r0", "<Calling Sub Searches>") >= 1,
+    "sub-searches running":
+    lambda s: own_tokens(s, "r0/promise-1", CHILD_1) >= 3,
+    "one sub-search ended":
+    lambda s: "r0/promise-0" not in s.requests and own_tokens(
+        s, "r0/promise-1", CHILD_1) > len(
+            TOKENIZER.encode(FAILS, add_special_tokens=False)) + 1,
+    "after the join":
+    lambda s: own_tokens(s, "r0", "<End Sub Searches>\n") >= 2,
+}
+CASES = [(stage, async_scheduling) for stage in STAGES
+         for async_scheduling in (False, True)
+         if async_scheduling or "in flight" not in stage]
+
+
+@pytest.mark.parametrize(
+    "stage,async_scheduling",
+    CASES,
+    ids=[f"{stage}-{'async' if a else 'sync'}" for stage, a in CASES])
+def test_an_aborted_search_leaves_nothing_and_the_next_runs_as_alone(
+        stage, async_scheduling):
+    """The engine core's abort (`finish_requests`, FINISHED_ABORTED) at
+    each point of a search: no output, nothing held, and the next search
+    gives what it gives alone."""
+    scheduler, driver = searches(async_scheduling)
+    driver.add(make_request(scheduler, "r0", PROMPT, 400, EOS))
+    driver.run_until(STAGES[stage], stage)
+    driver.abort("r0")
+    assert driver.outputs == [] and driver.trees == {}
+    assert_clean(scheduler)
+    driver.add(make_request(scheduler, "r1", PROMPT, 400, EOS))
+    driver.run()
+    [(request_id, token_ids, reason)] = driver.outputs
+    [(_, *alone)] = alone_output(async_scheduling)
+    assert (request_id, [token_ids, reason]) == ("r1", alone)
+    assert [c["label"]
+            for c in driver.trees["r1"]["children"]] == ["#0,0", "#0,1"]
     assert_clean(scheduler)
