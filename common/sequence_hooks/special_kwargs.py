@@ -31,9 +31,12 @@ _KV_SPLICE = ("its model is trained for a join that reuses the children's "
 # Formats the lifecycle knows (`sequence_hooks.format_lifecycle`) but the
 # engines do not serve yet: refused by the start check
 # (`checked_special_kwargs`), with this reason.
-NOT_YET_SERVED = ("not served in-engine yet by this engine: its controller "
-                  "runs from the client on stock vLLM (docs/formats.md says "
-                  "which engine serves which format)")
+NOT_YET_SERVED = ("not served in-engine by this engine, which carries out "
+                  "promise/sync's lifecycle only (a format's branches with "
+                  "their own headers and stop ids, its conclusions and its "
+                  "calls made anew are the V1 plugin's): serve it with the "
+                  "V1 plugin, or run its controller from the client "
+                  "(docs/formats.md)")
 TOKEN_FORMATS = ("threadweaver", "apr")
 # The tags a format reads, by role (each must be one token of the model).
 FORMAT_TAGS = {

@@ -84,7 +84,8 @@ def test_a_format_an_engine_does_not_serve_is_refused_at_start(name):
     assert SpecialKwargs.parse({"format": name}).format == name
     with pytest.raises(ValueError,
                        match=f"^special_kwargs: format '{name}': not served "
-                       "in-engine yet"):
+                       "in-engine by this engine.*serve it with the V1 "
+                       "plugin"):
         checked_special_kwargs({"format": name})
     served = checked_special_kwargs({"format": name},
                                     served=("promise_sync", name))

@@ -92,7 +92,8 @@ def test_a_format_v0_does_not_serve_is_refused_at_start(tiny_model_path):
     # ThreadWeaver's is served by the V1 plugin only (docs/formats.md).
     with pytest.raises(ValueError,
                        match="^special_kwargs: format 'threadweaver': not "
-                       "served in-engine yet by this engine"):
+                       "served in-engine by this engine, which carries out "
+                       "promise/sync.s lifecycle only"):
         engine_config(tiny_model_path,
                       special_kwargs={"format": "threadweaver"})
 
