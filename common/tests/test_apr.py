@@ -248,24 +248,26 @@ class SearchEngine:
 def both(model: ScriptedModel,
          max_tokens: int = 400,
          max_model_len: int = 2048,
-         limits: Optional[dict] = None):
-    """The controller's search and the engine's, on the same model."""
+         limits: Optional[dict] = None,
+         root: str = ROOT):
+    """The controller's search and the engine's, on the same model, from
+    the prefix ``root``."""
     server = ScriptedServer(model)
-    [rollout] = run_apr(APRController(BOS, max_tokens), server, [ROOT])
+    [rollout] = run_apr(APRController(BOS, max_tokens), server, [root])
     engine = SearchEngine(model, max_model_len, max_tokens, limits or {})
-    report = engine.run(ROOT)
+    report = engine.run(root)
     return rollout, server, engine, report
 
 
-def assert_same(rollout, server, engine, report) -> None:
-    """The same calls (prompt ids) and the same final trace; the tree
-    holds each sub-search's final trace."""
+def assert_same(rollout, server, engine, report, root: str = ROOT) -> None:
+    """The same calls (prompt ids) and the same final trace after
+    ``root``; the tree holds each sub-search's final trace."""
     assert sorted(engine.prompts) == sorted(server.prompts)
     # The output ends with the EOS that ended the last call, as a stock
     # request's does.
     *output, last = report.output_token_ids
     assert last == EOS
-    assert TOKENIZER.decode(output) == rollout.trace[len(ROOT):]
+    assert TOKENIZER.decode(output) == rollout.trace[len(root):]
     assert [child.text for child in report.tree.children
             ] == [trace for round_ in rollout.rounds for trace in round_]
 
@@ -345,6 +347,26 @@ def test_a_malformed_call_ends_the_search_with_its_trace(listed):
     rollout, server, engine, report = both(ScriptedModel([ROOT + bad]))
     assert rollout.error and rollout.answer is None
     assert_same(rollout, server, engine, report)
+    assert report.tree.finish_reason == "stop"
+    assert not report.tree.children
+
+
+# A state that does not parse, in the root's prompt and in a node the
+# call lists: the reference's `eval` raises, its `except` ends the search.
+BAD_STATE_ROOT = ROOT.replace("49], Operations", "49 Operations")
+BAD_STATE_NODE = CALL.replace("39:[25, 36, 2] Operation", "39:[25, 36, 2 "
+                              "Operation")
+
+
+@pytest.mark.parametrize("root,script", [(BAD_STATE_ROOT, CALL),
+                                         (ROOT, BAD_STATE_NODE)],
+                         ids=["in the prompt", "in a listed node"])
+def test_a_malformed_current_state_ends_the_search_with_its_trace(
+        root, script):
+    rollout, server, engine, report = both(ScriptedModel([root + script]),
+                                           root=root)
+    assert rollout.error and rollout.answer is None
+    assert_same(rollout, server, engine, report, root)
     assert report.tree.finish_reason == "stop"
     assert not report.tree.children
 

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -216,6 +217,36 @@ def scripted_body(plans: dict,
     else:
         request["prompt"] = "the cat sees"
     return request
+
+
+# What a hooked server holds, by the metric that shows it.
+HELD_METRICS = {
+    "requests running": "vllm:num_requests_running",
+    "requests waiting": "vllm:num_requests_waiting",
+    "KV usage": "vllm:kv_cache_usage_perc",
+    "children running": "vllm:sequence_hook_children_running",
+    "parents parked": "vllm:sequence_hook_parents_parked",
+}
+
+
+def held(url: str) -> dict[str, float]:
+    """What the server holds now (one read of /metrics)."""
+    values = metrics(url, list(HELD_METRICS.values()))
+    return {what: values[name] for what, name in HELD_METRICS.items()}
+
+
+def assert_idle(url: str, timeout_s: float) -> None:
+    """Polls until the server holds nothing.
+
+    Raises:
+        AssertionError: It still held something after ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    now = held(url)
+    while any(now.values()):
+        assert time.monotonic() < deadline, f"still held when idle: {now}"
+        time.sleep(0.5)
+        now = held(url)
 
 
 def metric(url: str, name: str, prefix: str = "vllm:sequence_hook_") -> float:

@@ -16,7 +16,6 @@ nothing sooner), the rest read to the end.
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -25,7 +24,7 @@ import pytest
 import requests
 
 from sequence_hooks_testkit.formats.toy_server import choices, toy_server
-from sequence_hooks_testkit.v1_server import metrics
+from sequence_hooks_testkit.v1_server import assert_idle
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 # Per format: its toy, its window, the text before each prompt (APR's
@@ -39,13 +38,6 @@ SPARE_BLOCKS = 8
 IN_FLIGHT = 16
 IDLE_TIMEOUT_S = 120
 CHILDREN_RUNNING = "vllm:sequence_hook_children_running"
-HELD = {
-    "requests running": "vllm:num_requests_running",
-    "requests waiting": "vllm:num_requests_waiting",
-    "KV usage": "vllm:kv_cache_usage_perc",
-    "children running": CHILDREN_RUNNING,
-    "parents parked": "vllm:sequence_hook_parents_parked",
-}
 
 
 @pytest.fixture(scope="module", params=list(FORMATS))
@@ -78,22 +70,11 @@ def body(served, prompt: str, stream: bool) -> dict:
     }
 
 
-def held(url: str) -> dict[str, float]:
-    """What the server holds now (one read of /metrics)."""
-    values = metrics(url, list(HELD.values()))
-    return {what: values[name] for what, name in HELD.items()}
-
-
 def assert_idle_and_healthy(served) -> None:
     """Polls until the server holds nothing, then serves a search that
     forks (the first held-out prompt)."""
     _, url, _, prompts = served
-    deadline = time.monotonic() + IDLE_TIMEOUT_S
-    now = held(url)
-    while any(now.values()):
-        assert time.monotonic() < deadline, f"still held when idle: {now}"
-        time.sleep(0.5)
-        now = held(url)
+    assert_idle(url, IDLE_TIMEOUT_S)
     assert requests.get(url + "/health", timeout=10).status_code == 200
     _, answer = choices(url, "/v1/completions", body(served, prompts[0],
                                                      False))

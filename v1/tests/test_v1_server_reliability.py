@@ -9,13 +9,12 @@ running or waiting, no KV block in use, no live child, no parked parent.
 
 import asyncio
 import json
-import time
 
 import httpx
 import pytest
 import requests
 
-from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
+from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S, assert_idle,
                                               hooked_v1_server, metrics,
                                               scripted_body)
 
@@ -39,28 +38,9 @@ def server(tiny_model_path, tmp_path_factory):
         yield url
 
 
-def held(url: str) -> dict[str, float]:
-    """What the server holds now, by the metric that shows it (one read
-    of /metrics)."""
-    names = {
-        "requests running": "vllm:num_requests_running",
-        "requests waiting": "vllm:num_requests_waiting",
-        "KV usage": "vllm:kv_cache_usage_perc",
-        "children running": "vllm:sequence_hook_children_running",
-        "parents parked": "vllm:sequence_hook_parents_parked",
-    }
-    values = metrics(url, list(names.values()))
-    return {what: values[name] for what, name in names.items()}
-
-
 def assert_idle_and_healthy(url: str, hook_ids, model_path) -> None:
     """Polls until the server holds nothing, then serves a hooked request."""
-    deadline = time.monotonic() + IDLE_TIMEOUT_S
-    now = held(url)
-    while any(now.values()):
-        assert time.monotonic() < deadline, f"still held when idle: {now}"
-        time.sleep(0.5)
-        now = held(url)
+    assert_idle(url, IDLE_TIMEOUT_S)
     assert requests.get(url + "/health", timeout=10).status_code == 200
     answer = requests.post(url + "/v1/completions",
                            json=scripted_body(tree_plans(hook_ids, 0),
