@@ -20,6 +20,16 @@ engine side the tokens its resumes compute outside that lookup: each
 join it resumes with and the trigger before it, from the trees), and
 whether every task's answer is the same token ids on both sides.
 
+The limit, as for the promise/sync peers (docs/benchmarks.md): the
+controller's extra prefill tokens computed and extra requests per task,
+priced at the stock server's per-token prefill and per-request cost,
+measured before each cell at its number in flight (random prompts of
+`SHORT_PROMPT` and `LONG_PROMPT` tokens with no prefix-cache hit, one
+output token, alternating):
+``controller_s_per_task / (controller_s_per_task - extra_prefill *
+s_per_prefill_token - extra_requests * s_per_request)``, where
+``controller_s_per_task`` is the inverse of its tasks/s.
+
 Usage: .venv-v1/bin/python benchmarks/v1/threadweaver_peers.py
     [--in-flight 1 8 32] [--rounds 2]
     [--out benchmarks/v1/results/threadweaver_peers.json]
@@ -46,6 +56,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "threadweaver-toy"
 BLOCK_SIZE = 32
 TASK_SEED = 11
+# The calibration's prompt lengths (within the toy's window).
+SHORT_PROMPT, LONG_PROMPT = 8, 264
 
 
 def serve(hooks: bool, log: Path):
@@ -82,20 +94,14 @@ def resumed_tokens(tree: dict) -> int:
 
 def engine_task(url: str, prompt: list[int]) -> dict:
     """One task in-engine: one request."""
-    body = {
-        "model": str(MODEL),
-        "prompt": prompt,
-        "max_tokens": MAX_MODEL_LEN - len(prompt),
-        "temperature": 0.0,
-        "return_token_ids": True,
-    }
     start = time.monotonic()
-    request = urllib.request.Request(
-        url + "/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=1800) as answer:
-        data = json.loads(answer.read())
+    data = post(
+        url, {
+            "prompt": prompt,
+            "max_tokens": MAX_MODEL_LEN - len(prompt),
+            "temperature": 0.0,
+            "return_token_ids": True,
+        })
     tree = (data.get("kv_transfer_params") or {}).get("promise_tree")
     return {
         "seconds": time.monotonic() - start,
@@ -125,6 +131,68 @@ def controller_task(backend: HTTPBackend, controller: ThreadWeaverController,
         "requests": result.calls,
         "prompt_tokens": result.prompt_tokens,
         "resumed_tokens": 0,
+    }
+
+
+def post(url: str, body: dict) -> dict:
+    """One completions request; its answer."""
+    request = urllib.request.Request(
+        url + "/v1/completions",
+        data=json.dumps({
+            "model": str(MODEL),
+            **body
+        }).encode(),
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=1800) as answer:
+        return json.loads(answer.read())
+
+
+def calibrate(url: str, in_flight: int, rounds: int, vocab_size: int,
+              rng: random.Random) -> dict:
+    """The stock server's seconds per prefill token and per request at
+    ``in_flight`` requests at a time."""
+    count = max(2 * in_flight, 8)
+    seconds: dict[int, list[float]] = {SHORT_PROMPT: [], LONG_PROMPT: []}
+    for round_index in range(rounds):
+        order = [SHORT_PROMPT, LONG_PROMPT][::-1 if round_index % 2 else 1]
+        for length in order:
+            prompts = [[rng.randrange(vocab_size) for _ in range(length)]
+                       for _ in range(count)]
+            start = time.monotonic()
+            with ThreadPoolExecutor(max_workers=in_flight) as pool:
+                list(
+                    pool.map(
+                        lambda p: post(url, {
+                            "prompt": p,
+                            "max_tokens": 1,
+                            "temperature": 0.0
+                        }), prompts))
+            seconds[length].append((time.monotonic() - start) / count)
+    short = statistics.median(seconds[SHORT_PROMPT])
+    per_token = (statistics.median(seconds[LONG_PROMPT]) -
+                 short) / (LONG_PROMPT - SHORT_PROMPT)
+    return {
+        "s_per_prefill_token": per_token,
+        "s_per_request": short - SHORT_PROMPT * per_token,
+        "short_s_per_request_rounds": seconds[SHORT_PROMPT],
+        "long_s_per_request_rounds": seconds[LONG_PROMPT],
+    }
+
+
+def limit_of(cell: dict) -> dict:
+    """The best engine/controller tasks/s ratio that the engine's saved
+    prefill and requests allow, priced by the cell's calibration."""
+    engine, controller = cell["engine"], cell["controller"]
+    prices = cell["calibration"]
+    seconds = 1 / controller["tasks_per_s"]
+    saved = (
+        (controller["prefill_computed_per_task"] -
+         engine["prefill_computed_per_task"]) * prices["s_per_prefill_token"] +
+        (controller["requests_per_task"] - engine["requests_per_task"]) *
+        prices["s_per_request"])
+    return {
+        "controller_saved_s_per_task": saved,
+        "limit": seconds / (seconds - saved) if saved < seconds else None,
     }
 
 
@@ -175,6 +243,8 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = task_mod.build_tokenizer()
     rng = random.Random(TASK_SEED)
+    # Its own generator: the tasks stay those of earlier runs.
+    calibration_rng = random.Random(7)
     logs = Path(tempfile.mkdtemp())
     results = {}
     with contextlib.ExitStack() as stack:
@@ -189,6 +259,9 @@ def main() -> None:
                                  add_special_tokens=False)
                 for _ in range(max(in_flight, 8))
             ]
+            calibration = calibrate(servers["controller"], in_flight,
+                                    args.rounds, len(tokenizer),
+                                    calibration_rng)
             runs = {side: [] for side in servers}
             for round_index in range(args.rounds):
                 order = list(servers)
@@ -207,6 +280,8 @@ def main() -> None:
                 for side, side_runs in runs.items()
             }
             cell["tasks"] = len(prompts)
+            cell["calibration"] = calibration
+            cell.update(limit_of(cell))
             cell["answers_equal"] = same
             cell["engine_over_controller_tasks_per_s"] = (
                 cell["engine"]["tasks_per_s"] /
