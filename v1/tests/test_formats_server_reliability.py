@@ -33,7 +33,8 @@ FORMATS = {
     "threadweaver": (MODELS / "threadweaver-toy", 512, "", 400),
     "apr": (MODELS / "apr-toy", 2048, "<s>", 400),
 }
-# KV blocks beyond one window: the load waits for blocks and is preempted.
+# KV blocks beyond one window (the least a server starts with): fewer than
+# 16 trees at once ask for, so the load also waits for blocks.
 SPARE_BLOCKS = 8
 IN_FLIGHT = 16
 IDLE_TIMEOUT_S = 120
