@@ -10,15 +10,18 @@ stock and is driven by the test kit's `ThreadWeaverController`, each task
 its own rollout as verl's agent loops run it (its calls in turn, a
 fork's calls at once). Greedy, fresh tasks of the toy's kind (products of
 5 to 8 integers, `threadweaver_task.make_task`, seed 11), the sides
-alternating round by round on the same tasks at each number of tasks in
-flight.
+alternating round by round. Each round draws new tasks, run by both
+sides: a server that had seen a task in an earlier round would find its
+whole text in the prefix cache, and the controller, which re-sends that
+text, would get its prefill for free.
 
-Per side and cell: tasks/s, latency p50 and p90, HTTP requests per task,
-prompt tokens sent per task, prefill tokens computed per task (the
-server's prefix-cache queries minus hits, from /metrics, plus on the
-engine side the tokens its resumes compute outside that lookup: each
-join it resumes with and the trigger before it, from the trees), and
-whether every task's answer is the same token ids on both sides.
+Per side and cell: tasks/s (the median of its rounds, and each round's),
+latency p50 and p90, HTTP requests per task, prompt tokens sent per
+task, prefill tokens computed per task (the server's prefix-cache
+queries minus hits, from /metrics, plus on the engine side the tokens
+its resumes compute outside that lookup: each join it resumes with and
+the trigger before it, from the trees), and whether every task's answer
+is the same token ids on both sides.
 
 The limit, as for the promise/sync peers (docs/benchmarks.md): the
 controller's extra prefill tokens computed and extra requests per task,
@@ -31,7 +34,7 @@ s_per_prefill_token - extra_requests * s_per_request)``, where
 ``controller_s_per_task`` is the inverse of its tasks/s.
 
 Usage: .venv-v1/bin/python benchmarks/v1/threadweaver_peers.py
-    [--in-flight 1 8 32] [--rounds 2]
+    [--in-flight 1 8 32] [--rounds 8] [--tasks 32]
     [--out benchmarks/v1/results/threadweaver_peers.json]
 """
 
@@ -238,12 +241,14 @@ def run_side(side: str, url: str, prompts: list[list[int]],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--in-flight", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=8)
+    # Tasks per round at least (a round runs at least its number in flight).
+    parser.add_argument("--tasks", type=int, default=32)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     tokenizer = task_mod.build_tokenizer()
     rng = random.Random(TASK_SEED)
-    # Its own generator: the tasks stay those of earlier runs.
+    # Its own generator: the tasks do not depend on the calibration.
     calibration_rng = random.Random(7)
     logs = Path(tempfile.mkdtemp())
     results = {}
@@ -254,24 +259,26 @@ def main() -> None:
             for side in ("engine", "controller")
         }
         for in_flight in args.in_flight:
-            prompts = [
-                tokenizer.encode(task_mod.prompt_of(task_mod.make_task(rng)),
-                                 add_special_tokens=False)
-                for _ in range(max(in_flight, 8))
-            ]
             calibration = calibrate(servers["controller"], in_flight,
                                     args.rounds, len(tokenizer),
                                     calibration_rng)
             runs = {side: [] for side in servers}
             for round_index in range(args.rounds):
+                prompts = [
+                    tokenizer.encode(task_mod.prompt_of(
+                        task_mod.make_task(rng)),
+                                     add_special_tokens=False)
+                    for _ in range(max(in_flight, args.tasks))
+                ]
                 order = list(servers)
                 if round_index % 2:
                     order.reverse()
                 for side in order:
                     runs[side].append(
                         run_side(side, servers[side], prompts, in_flight))
-            same = all(r["token_ids"] == runs["controller"][0]["token_ids"]
-                       for side in runs for r in runs[side])
+            same = all(engine["token_ids"] == controller["token_ids"]
+                       for engine, controller in zip(runs["engine"],
+                                                     runs["controller"]))
             cell = {
                 side: {
                     key: statistics.median(r[key] for r in side_runs)
@@ -279,7 +286,11 @@ def main() -> None:
                 }
                 for side, side_runs in runs.items()
             }
-            cell["tasks"] = len(prompts)
+            for side, side_runs in runs.items():
+                cell[side]["tasks_per_s_rounds"] = [
+                    r["tasks_per_s"] for r in side_runs
+                ]
+            cell["tasks_per_round"] = len(prompts)
             cell["calibration"] = calibration
             cell.update(limit_of(cell))
             cell["answers_equal"] = same
