@@ -1,0 +1,239 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""ThreadWeaver's cases on the real V1 scheduler against ThreadWeaver's
+controller, model-free: the answer token for token, and the tree (each
+thread's label, tokens, finish reason and fork position; where the root
+took each join).
+
+The toy model's served runs (test_formats_threadweaver_in_engine.py)
+cover only the cases the toy happens to write; it never ends a thread at
+EOS, for one. Here one scripted model, on the toy's tokenizer, is behind
+both sides: the controller decodes it call by call as over stock vLLM
+(each call to its stop id, EOS or budget); the plugin's scheduler runs
+it in-engine, driven as the engine core drives it. Each case writes what
+it is named for.
+"""
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+from vllm_sequence_hooks.scheduler import SequenceHookScheduler
+
+from sequence_hooks_testkit.formats import threadweaver_controller as tw
+from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
+                                                   make_request,
+                                                   make_scheduler)
+
+MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
+TOKENIZER = AutoTokenizer.from_pretrained(MODEL)
+EOS = TOKENIZER.eos_token_id
+OPEN_THREAD, CLOSE_THREAD = TOKENIZER.convert_tokens_to_ids(
+    ["<Thread>", "</Thread>"])
+# Ends a script with EOS.
+END = "|end|"
+WINDOW = 256
+PROMPT = TOKENIZER.encode("1: 24 ; 2: 784 854\n", add_special_tokens=False)
+THREAD_BLOCK = re.compile(r"\n?<Thread>.*?</Thread>", re.DOTALL)
+HEADER = re.compile(r"<Thread>\n([^:]*):")
+
+
+def encode(text: str) -> list[int]:
+    """A script's ids: its text, and EOS where it says ``END``."""
+    body = text.removesuffix(END)
+    ids = TOKENIZER.encode(body, add_special_tokens=False)
+    return ids + [EOS] if text.endswith(END) else ids
+
+
+@dataclass
+class ScriptedModel:
+    """Greedy decoding of fixed scripts: in a thread, its label's script
+    after the header; otherwise ``root``, read with every joined thread
+    left out of the context. Past a script's end: EOS."""
+
+    root: str
+    threads: dict[str, str] = field(default_factory=dict)
+
+    def next_token(self, context: list[int]) -> int:
+        ids = context[len(PROMPT):]
+        opened = max((i for i, t in enumerate(ids) if t == OPEN_THREAD),
+                     default=-1)
+        closed = max((i for i, t in enumerate(ids) if t == CLOSE_THREAD),
+                     default=-1)
+        if opened > closed:
+            text = TOKENIZER.decode(ids[opened:])
+            script = encode(self.threads[HEADER.match(text).group(1)])
+            done = encode(text[text.index(":") + 1:])
+        else:
+            script = encode(self.root)
+            done = encode(THREAD_BLOCK.sub("", TOKENIZER.decode(ids)))
+        if script[:len(done)] != done or len(done) >= len(script):
+            return EOS
+        return script[len(done)]
+
+
+class ScriptedBackend:
+    """Stock vLLM as the controller sees it: each call decodes greedily to
+    a stop id (kept), EOS or its budget."""
+
+    max_model_len = WINDOW
+
+    def __init__(self, model: ScriptedModel):
+        self.model = model
+
+    def generate(self, prompts, params):
+        done = []
+        for prompt, one in zip(prompts, params):
+            context, tokens, reason = list(prompt), [], "length"
+            while len(tokens) < one["max_tokens"]:
+                token = self.model.next_token(context)
+                context.append(token)
+                tokens.append(token)
+                if token == EOS or token in one["stop_token_ids"]:
+                    reason = "stop"
+                    break
+            done.append(tw.Completion(tokens, reason))
+        return done
+
+
+OUTLINES = ("<Parallel>\n<Outlines>\n<Outline>1: a</Outline>\n"
+            "<Outline>2: b</Outline>\n</Outlines>")
+CASES = {
+    "several outlines":
+    ScriptedModel(OUTLINES + "\n</Parallel>\n24" + END, {
+        "1": " 2 3 6\n</Thread>",
+        "2": " 6 4 24\n</Thread>"
+    }),
+    "a repeated label":
+    ScriptedModel(
+        "<Outlines>\n<Outline>1: a</Outline>\n<Outline>1: again</Outline>\n"
+        "<Outline>3: c</Outline>\n</Outlines>\n7" + END, {
+            "1": " 1</Thread>",
+            "3": " 3</Thread>"
+        }),
+    "a thread that hits EOS":
+    ScriptedModel(OUTLINES + "\n9", {
+        "1": " 5" + END,
+        "2": " 6</Thread>"
+    }),
+    "a thread that hits the window":
+    ScriptedModel(OUTLINES + "\n9", {
+        "1": " 5</Thread>",
+        "2": " " + "7" * 400
+    }),
+    "no outline":
+    ScriptedModel("24" + END),
+    "an outline with no label":
+    ScriptedModel("<Outlines>\n<Outline>a: b</Outline>\n</Outlines> 8" + END),
+    "two rounds":
+    ScriptedModel(
+        OUTLINES + "\n5 " + OUTLINES.replace("<Parallel>\n", "") + "\n6" + END,
+        {
+            "1": " 1</Thread>",
+            "2": " 2</Thread>"
+        }),
+    "a thread that writes outlines (threads never fork)":
+    ScriptedModel(
+        OUTLINES + "\n4" + END, {
+            "1":
+            " <Outlines>\n<Outline>3: c</Outline>\n</Outlines> 3</Thread>",
+            "2": " 2</Thread>"
+        }),
+}
+
+
+def in_engine(model: ScriptedModel, max_tokens: int) -> BatchQueueDriver:
+    """The answer served by the plugin's scheduler: its driver, run."""
+    scheduler = make_scheduler(SequenceHookScheduler,
+                               MODEL,
+                               False,
+                               special_kwargs={"format": "threadweaver"},
+                               max_model_len=WINDOW)
+
+    def sample(request_id: str, position: int) -> int:
+        # Without async scheduling, a request's context is all its tokens.
+        return model.next_token(scheduler.requests[request_id].all_token_ids)
+
+    driver = BatchQueueDriver(scheduler, sample, depth=1)
+    driver.add(make_request(scheduler, "r0", PROMPT, max_tokens, EOS))
+    driver.run()
+    assert scheduler.requests == {}
+    pool = scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+    return driver
+
+
+@pytest.mark.parametrize("budget", [None, 60], ids=["window", "budget 60"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_plugin_answers_as_threadweavers_controller(name, budget):
+    model = CASES[name]
+    controller = tw.ThreadWeaverController(TOKENIZER, response_length=budget)
+    [[expected]] = tw.run(controller, ScriptedBackend(model), [PROMPT])
+    driver = in_engine(model, budget or WINDOW - len(PROMPT))
+    got = [t for request_id, new, _ in driver.outputs for t in new]
+    assert {request_id for request_id, _, _ in driver.outputs} == {"r0"}
+    # The one difference (docs/formats.md): a join past the window is cut
+    # there in-engine, where the controller appends it all and stops.
+    window = WINDOW - len(PROMPT)
+    assert got == expected.token_ids[:window]
+    assert (len(expected.token_ids)
+            > window) == (name == "a thread that hits the window"
+                          and budget is None)
+    if name == "no outline":
+        # The trigger never sampled: a plain request, no tree.
+        assert "r0" not in driver.trees and not expected.forks
+        return
+    tree = driver.trees["r0"]
+    branches = [b for fork in expected.forks for b in fork.branches]
+    assert [(c["label"], c["token_ids"], c["finish_reason"])
+            for c in tree["children"]
+            ] == [(b.label, b.token_ids, b.finish_reason) for b in branches]
+    assert [c["fork_position"] for c in tree["children"]] == [
+        fork.position for fork in expected.forks for _ in fork.branches
+    ]
+    # Each join: where the root took it, and its tokens (headers, threads
+    # cut at EOS, closures, suffix), none of them sampled; the last cut
+    # where the answer is (the budget, or the window).
+    end = min(len(expected.token_ids), window)
+    spans = [(fork.position,
+              min(
+                  sum(len(b.joined_ids)
+                      for b in fork.branches) + len(fork.suffix_ids),
+                  end - fork.position)) for fork in expected.forks]
+    assert [tuple(s) for s in tree["merged_spans"]] == spans
+
+
+def test_the_cases_write_what_they_are_named_for():
+    """Each case's controller run shows its case."""
+
+    def rollout(name: str, budget=None) -> tw.Rollout:
+        controller = tw.ThreadWeaverController(TOKENIZER,
+                                               response_length=budget)
+        return tw.run(controller, ScriptedBackend(CASES[name]), [PROMPT])[0][0]
+
+    def reasons(name: str) -> list[str]:
+        return [
+            b.finish_reason for f in rollout(name).forks for b in f.branches
+        ]
+
+    assert [len(f.branches) for f in rollout("several outlines").forks] == [2]
+    assert [
+        b.label for f in rollout("a repeated label").forks for b in f.branches
+    ] == ["1", "3"]
+    eos_branch = rollout("a thread that hits EOS").forks[0].branches[0]
+    assert eos_branch.token_ids[-1] == EOS
+    assert reasons("a thread that hits the window") == ["stop", "length"]
+    assert rollout("no outline").forks == []
+    assert rollout("an outline with no label").forks == []
+    assert len(rollout("two rounds").forks) == 2
+    nested = rollout("a thread that writes outlines (threads never fork)")
+    assert len(nested.forks) == 1
+    assert "</Outlines>" in TOKENIZER.decode(
+        nested.forks[0].branches[0].token_ids)
+    # A budget cuts the answer, not a thread (whose call has the window).
+    cut = rollout("a thread that hits the window", 60)
+    assert cut.forks[0].branches[1].finish_reason == "length"
+    assert len(cut.forks[0].branches[1].token_ids) > 60
+    assert len(cut.token_ids) == 60
