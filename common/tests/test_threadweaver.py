@@ -26,6 +26,7 @@ from sequence_hooks.format_lifecycle import BranchResult, FormatCoordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.threadweaver import ThreadWeaverFormat
 from sequence_hooks_testkit.formats import threadweaver_controller as tw
+from sequence_hooks_testkit.formats.backends import ScriptedBackend
 
 TAGS = ("<Think>", "</Think>", "<Parallel>", "</Parallel>", "<Outlines>",
         "</Outlines>", "<Outline>", "</Outline>", "<Thread>", "</Thread>",
@@ -88,29 +89,6 @@ class ScriptedModel:
         if script[:len(done)] != done or len(done) >= len(script):
             return EOS
         return script[len(done)]
-
-
-class ScriptedBackend:
-    """Stock vLLM as the controller sees it: each call decodes greedily to
-    a stop id (kept), EOS or its budget."""
-
-    def __init__(self, model: ScriptedModel, max_model_len: int):
-        self.model = model
-        self.max_model_len = max_model_len
-
-    def generate(self, prompts, params):
-        done = []
-        for prompt, one in zip(prompts, params):
-            context, tokens, reason = list(prompt), [], "length"
-            while len(tokens) < one["max_tokens"]:
-                token = self.model.next_token(context)
-                context.append(token)
-                tokens.append(token)
-                if token == EOS or token in one["stop_token_ids"]:
-                    reason = "stop"
-                    break
-            done.append(tw.Completion(tokens, reason))
-        return done
 
 
 @dataclass
@@ -280,8 +258,8 @@ def test_the_engine_answers_as_threadweavers_controller(name):
     model = CASES[name]
     window = 120
     controller = tw.ThreadWeaverController(TOKENIZER)
-    expected = tw.run(controller, ScriptedBackend(model, window),
-                      [PROMPT])[0][0]
+    expected = tw.run(controller, ScriptedBackend(model.next_token, EOS,
+                                                  window), [PROMPT])[0][0]
     engine = ThreadEngine(model, window, None, {})
     got = engine.run(PROMPT)
     assert TOKENIZER.decode(got) == expected.text
@@ -310,7 +288,8 @@ def test_the_step_limit_and_the_budget_end_the_answer_as_the_controller():
         controller = tw.ThreadWeaverController(TOKENIZER,
                                                max_iterations=max_steps,
                                                response_length=budget)
-        expected = tw.run(controller, ScriptedBackend(model, window),
+        expected = tw.run(controller,
+                          ScriptedBackend(model.next_token, EOS, window),
                           [PROMPT])[0][0]
         engine = ThreadEngine(model, window, budget, {})
         engine.coordinator.format = dataclasses.replace(
@@ -355,7 +334,8 @@ def test_a_seeded_root_makes_each_call_anew_as_the_controller(budget):
         model = CASES[name]
         controller = tw.ThreadWeaverController(TOKENIZER,
                                                response_length=budget)
-        expected = tw.run(controller, ScriptedBackend(model, window),
+        expected = tw.run(controller,
+                          ScriptedBackend(model.next_token, EOS, window),
                           [PROMPT])[0][0]
         engine = ThreadEngine(model, window, budget, {}, seed=7)
         assert engine.run(PROMPT) == expected.token_ids, name

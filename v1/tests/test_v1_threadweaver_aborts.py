@@ -13,23 +13,18 @@ on after the join. Seeded, the root's call after the join is made anew
 """
 
 import functools
-from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
+from sequence_hooks_testkit.formats.threadweaver_toy import (CLOSE_THREAD, EOS,
+                                                             MODEL,
+                                                             OPEN_THREAD,
+                                                             PROMPT, TOKENIZER)
 from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
 
-# The ThreadWeaver toy's configuration and tokenizer (no weights read).
-MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
-TOKENIZER = AutoTokenizer.from_pretrained(MODEL)
-EOS = TOKENIZER.eos_token_id
-OPEN_THREAD, CLOSE_THREAD = TOKENIZER.convert_tokens_to_ids(
-    ["<Thread>", "</Thread>"])
-PROMPT = TOKENIZER.encode("1: 24 ; 2: 784 854\n", add_special_tokens=False)
 ROOT = ("<Think>1<Parallel>\n<Outlines>\n<Outline>1: a</Outline>\n"
         "<Outline>2: b</Outline>\n</Outlines>")
 THREADS = [" 3 4</Thread>", " 5 6 7 8 9 1 2 3 4 5 6 7 8</Thread>"]

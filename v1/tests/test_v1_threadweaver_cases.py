@@ -11,31 +11,29 @@ EOS, for one. Here one scripted model, on the toy's tokenizer, is behind
 both sides: the controller decodes it call by call as over stock vLLM
 (each call to its stop id, EOS or budget); the plugin's scheduler runs
 it in-engine, driven as the engine core drives it. Each case writes what
-it is named for.
+it is named for. The one difference the engine has (a join past the
+window) is asserted where it occurs.
 """
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
 from sequence_hooks_testkit.formats import threadweaver_controller as tw
+from sequence_hooks_testkit.formats.backends import ScriptedBackend
+from sequence_hooks_testkit.formats.threadweaver_toy import (CLOSE_THREAD, EOS,
+                                                             MODEL,
+                                                             OPEN_THREAD,
+                                                             PROMPT, TOKENIZER)
 from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
 
-MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
-TOKENIZER = AutoTokenizer.from_pretrained(MODEL)
-EOS = TOKENIZER.eos_token_id
-OPEN_THREAD, CLOSE_THREAD = TOKENIZER.convert_tokens_to_ids(
-    ["<Thread>", "</Thread>"])
 # Ends a script with EOS.
 END = "|end|"
 WINDOW = 256
-PROMPT = TOKENIZER.encode("1: 24 ; 2: 784 854\n", add_special_tokens=False)
 THREAD_BLOCK = re.compile(r"\n?<Thread>.*?</Thread>", re.DOTALL)
 HEADER = re.compile(r"<Thread>\n([^:]*):")
 
@@ -72,30 +70,6 @@ class ScriptedModel:
         if script[:len(done)] != done or len(done) >= len(script):
             return EOS
         return script[len(done)]
-
-
-class ScriptedBackend:
-    """Stock vLLM as the controller sees it: each call decodes greedily to
-    a stop id (kept), EOS or its budget."""
-
-    max_model_len = WINDOW
-
-    def __init__(self, model: ScriptedModel):
-        self.model = model
-
-    def generate(self, prompts, params):
-        done = []
-        for prompt, one in zip(prompts, params):
-            context, tokens, reason = list(prompt), [], "length"
-            while len(tokens) < one["max_tokens"]:
-                token = self.model.next_token(context)
-                context.append(token)
-                tokens.append(token)
-                if token == EOS or token in one["stop_token_ids"]:
-                    reason = "stop"
-                    break
-            done.append(tw.Completion(tokens, reason))
-        return done
 
 
 OUTLINES = ("<Parallel>\n<Outlines>\n<Outline>1: a</Outline>\n"
@@ -170,7 +144,9 @@ def in_engine(model: ScriptedModel, max_tokens: int) -> BatchQueueDriver:
 def test_the_plugin_answers_as_threadweavers_controller(name, budget):
     model = CASES[name]
     controller = tw.ThreadWeaverController(TOKENIZER, response_length=budget)
-    [[expected]] = tw.run(controller, ScriptedBackend(model), [PROMPT])
+    [[expected]] = tw.run(controller,
+                          ScriptedBackend(model.next_token, EOS, WINDOW),
+                          [PROMPT])
     driver = in_engine(model, budget or WINDOW - len(PROMPT))
     got = [t for request_id, new, _ in driver.outputs for t in new]
     assert {request_id for request_id, _, _ in driver.outputs} == {"r0"}
@@ -211,7 +187,9 @@ def test_the_cases_write_what_they_are_named_for():
     def rollout(name: str, budget=None) -> tw.Rollout:
         controller = tw.ThreadWeaverController(TOKENIZER,
                                                response_length=budget)
-        return tw.run(controller, ScriptedBackend(CASES[name]), [PROMPT])[0][0]
+        return tw.run(controller,
+                      ScriptedBackend(CASES[name].next_token, EOS, WINDOW),
+                      [PROMPT])[0][0]
 
     def reasons(name: str) -> list[str]:
         return [

@@ -7,13 +7,14 @@ APR's).
 `LLMBackend` decodes offline through ``LLM.generate`` (token ids as
 ``TokensPrompt``s); `HTTPBackend` sends one OpenAI completions request per
 call, a token-id prompt with ``return_token_ids: true`` (vLLM 0.32: the
-matched stop id is the last of ``choices[0].token_ids``).
+matched stop id is the last of ``choices[0].token_ids``);
+`ScriptedBackend` decodes a scripted model, model-free.
 """
 
 import json
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from sequence_hooks_testkit.formats.apr_controller import TextCompletion
 from sequence_hooks_testkit.formats.threadweaver_controller import Completion
@@ -117,3 +118,36 @@ class HTTPBackend:
             TextCompletion(c["text"], c["finish_reason"], c.get("stop_reason"))
             for c in self._choices(prompts, params)
         ]
+
+
+class ScriptedBackend:
+    """Stock vLLM over a scripted greedy model, as a controller sees it:
+    each call decodes to a stop id (kept), EOS or its ``max_tokens``.
+
+    Args:
+        next_token: The model: a context's next token id.
+        eos: The EOS id.
+        max_model_len: The context window.
+    """
+
+    def __init__(self, next_token: Callable[[list[int]], int], eos: int,
+                 max_model_len: int):
+        self.next_token = next_token
+        self.eos = eos
+        self.max_model_len = max_model_len
+
+    def generate(self, prompts: list[list[int]],
+                 params: list[dict[str, Any]]) -> list[Completion]:
+        """Decodes every prompt in turn."""
+        done = []
+        for prompt, one in zip(prompts, params):
+            context, tokens, reason = list(prompt), [], "length"
+            while len(tokens) < one["max_tokens"]:
+                token = self.next_token(context)
+                context.append(token)
+                tokens.append(token)
+                if token == self.eos or token in one["stop_token_ids"]:
+                    reason = "stop"
+                    break
+            done.append(Completion(tokens, reason))
+        return done
