@@ -87,18 +87,23 @@ JOINED = "<End Sub Searches>\n"
 @dataclass
 class ScriptedModel:
     """Greedy decoding of fixed texts. After a join (the context's text,
-    BOS off, holds `<End Sub Searches>`) the root writes ``after``;
-    otherwise the first script the text begins goes on with its next
-    token (the tokenizer's first of the rest). At a script's end: EOS."""
+    BOS off, holds `<End Sub Searches>`) the root writes ``after``, and
+    after a k-th join (k > 1) ``later[k - 2]``; otherwise the first script
+    the text begins goes on with its next token (the tokenizer's first of
+    the rest). At a script's end: EOS."""
 
     scripts: list[str]
     after: str = AFTER
+    later: tuple[str, ...] = ()
 
     def next_token(self, context: list[int]) -> int:
         text = TOKENIZER.decode(context, skip_special_tokens=True)
         if JOINED in text:
             base = text[:text.rindex(JOINED) + len(JOINED)]
-            candidates = [base + self.after]
+            joins = text.count(JOINED)
+            candidates = [
+                base + (self.after if joins == 1 else self.later[joins - 2])
+            ]
         else:
             candidates = self.scripts
         for script in candidates:
@@ -392,3 +397,63 @@ def test_a_join_past_the_context_window_ends_the_root():
     assert report.tree.finish_reason == "length"
     text = TOKENIZER.decode(list(report.output_token_ids))
     assert text.endswith("<End Sub Searches>\n")
+
+
+# After a first round whose sub-searches both fail, the root expands node
+# #0,1 and calls a sub-search on each of its two new nodes.
+SECOND_CALL = (
+    "Moving to Node #0,1\nCurrent State: 39:[51, 49, 11], Operations: "
+    "['36-25=11']\nExploring Operation: 51-11=40, Resulting Numbers: [49, 40]"
+    "\nGenerated Node #0,1,0: 39:[49, 40] Operation: 51-11=40\n"
+    "Exploring Operation: 49-11=38, Resulting Numbers: [51, 38]\n"
+    "Generated Node #0,1,1: 39:[51, 38] Operation: 49-11=38\n"
+    "<Calling Sub Searches>\n"
+    "<Start Sub Search 0 at level 1> Moving to Node #0,1,0\n"
+    "<Start Sub Search 1 at level 1> Moving to Node #0,1,1\n"
+    "<End Calling Sub Searches>\n")
+GRANDCHILD_0 = ("Moving to Node #0,1,0\nCurrent State: 39:[49, 40], "
+                "Operations: ['36-25=11', '51-11=40']")
+GRANDCHILD_1 = ("Moving to Node #0,1,1\nCurrent State: 39:[51, 38], "
+                "Operations: ['36-25=11', '49-11=38']")
+
+
+def test_a_second_round_of_sub_searches_joins_as_the_first():
+    model = ScriptedModel([
+        ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + FAILS, GRANDCHILD_0 + WINS,
+        GRANDCHILD_1 + FAILS
+    ],
+                          after=SECOND_CALL,
+                          later=(CONCLUDES, ))
+    # Room for the second call's text (a character a token).
+    rollout, server, engine, report = both(model, max_tokens=800)
+    assert_same(rollout, server, engine, report)
+    assert len(rollout.rounds) == 2 and rollout.calls == 7
+    forks = [a for a in engine.actions if isinstance(a, Fork)]
+    assert [f.label for f in forks] == ["#0,0", "#0,1", "#0,1,0", "#0,1,1"]
+    restarts = [a for a in engine.actions if isinstance(a, Restart)]
+    last = TOKENIZER.decode(list(restarts[-1].prompt_token_ids))
+    # Both joins stay; only the second call is cut out.
+    assert last.count("<End Sub Searches>") == 2
+    assert "<Goal Reached in Sub Search 0 at level 1 at Node #0,1,0>" in last
+    assert last.count("<Calling Sub Searches>") == 0
+
+
+def test_a_sub_search_s_own_call_is_not_read():
+    """One level, as the reference: a child that writes a call of its own
+    ends with it in its trace (no solution), and nothing forks from it."""
+    nested = ("\nExploring Operation: 51-11=40, Resulting Numbers: [49, 40]"
+              "\nGenerated Node #0,1,0: 39:[49, 40] Operation: 51-11=40\n"
+              "<Calling Sub Searches>\n<Start Sub Search 0 at level 1> "
+              "Moving to Node #0,1,0\n<End Calling Sub Searches>\n")
+    model = ScriptedModel(
+        [ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + nested, GRANDCHILD_0 + WINS],
+        after="No solution found.\n")
+    rollout, server, engine, report = both(model)
+    assert_same(rollout, server, engine, report)
+    assert rollout.calls == 4
+    forks = [a for a in engine.actions if isinstance(a, Fork)]
+    assert [f.label for f in forks] == ["#0,0", "#0,1"]
+    assert report.tree.children[1].text.endswith("<End Calling Sub Searches>")
+    [restart] = [a for a in engine.actions if isinstance(a, Restart)]
+    assert "<No Solution in Sub Search 1 at level 1 at Node #0,1>" in (
+        TOKENIZER.decode(list(restart.prompt_token_ids)))
