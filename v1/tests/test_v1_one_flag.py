@@ -108,19 +108,45 @@ def test_the_flag_parses_into_upstream_flags(tiny_model_path):
     assert served.logits_processors == [REQUEST_CHECK]
 
 
-def test_a_bad_flag_is_a_usage_error(tiny_model_path, capsys):
+@pytest.mark.parametrize("special_kwargs, reason", [
+    ({
+        **SPECIAL_KWARGS, "sync_tokn": "<sync>"
+    }, "sync_tokn"),
+    ({
+        "format": "treeweaver"
+    }, "unknown format 'treeweaver' (known: promise_sync, threadweaver, "
+     "apr, multiverse, npr)"),
+    ({
+        "format": "multiverse"
+    }, "format 'multiverse': its model is trained for a join that reuses "
+     "the children's KV cache with per-path positions"),
+    ({
+        "format": "npr"
+    }, "format 'npr': its model is trained for a join that reuses"),
+    ({
+        "format": "threadweaver",
+        "sync_token": "<sync>"
+    }, "format 'threadweaver' reads its own tags: sync_token given beside "
+     "it belong to promise_sync"),
+],
+                         ids=[
+                             "unknown-key", "unknown-format", "multiverse",
+                             "npr", "format-and-promise-sync"
+                         ])
+def test_a_bad_flag_is_a_usage_error(tiny_model_path, capsys, special_kwargs,
+                                     reason):
+    """Refused by the flag's argparse action, as `vllm serve` parses its
+    arguments, with the reason."""
     parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
     with pytest.raises(SystemExit) as exit_:
         parser.parse_args([
             "--model",
             str(tiny_model_path), "--special-kwargs",
-            json.dumps({
-                **SPECIAL_KWARGS, "sync_tokn": "<sync>"
-            })
+            json.dumps(special_kwargs)
         ])
     assert exit_.value.code == 2
-    error = capsys.readouterr().err
-    assert "argument --special-kwargs:" in error and "sync_tokn" in error
+    error = " ".join(capsys.readouterr().err.split())
+    assert "argument --special-kwargs:" in error and reason in error, error
 
 
 def test_without_the_import_special_kwargs_is_an_unknown_keyword(
@@ -188,11 +214,16 @@ def test_serve_help_lists_the_flag(option):
     (SPECIAL_KWARGS,
      ("--scheduler-cls", "vllm.v1.core.sched.scheduler.Scheduler"),
      "ValueError: special_kwargs runs the hooks' scheduler"),
+    ({
+        "format": "threadweaver"
+    }, (), "ValueError: special_kwargs: format 'threadweaver': its outlines "
+     "tag '<Outlines>' is not one token of the model"),
 ],
                          ids=[
                              "unknown-key", "no-promise", "not-one-token",
                              "eos", "skip-tokenizer-init", "no-prefix-caching",
-                             "speculative-decoding", "other-scheduler"
+                             "speculative-decoding", "other-scheduler",
+                             "format-tags-not-tokens"
                          ])
 def test_vllm_serve_refuses_bad_hooks_before_any_engine_starts(
         tiny_model_path, hook_ids, special_kwargs, extra, reason):
