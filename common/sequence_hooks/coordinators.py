@@ -40,6 +40,8 @@ def coordinator_for(special_kwargs: SpecialKwargs,
     if special_kwargs.format == "apr":
         return APRCoordinator(APRFormat.for_tokenizer(tokenizer),
                               special_kwargs, queries, max_model_len, metrics)
-    return FormatCoordinator(
-        ThreadWeaverFormat.for_tokenizer(tokenizer, special_kwargs.tags),
-        special_kwargs, queries, max_model_len, metrics)
+    threadweaver = ThreadWeaverFormat.for_tokenizer(
+        tokenizer, special_kwargs.tags, special_kwargs.no_conclusion
+        is not False)
+    return FormatCoordinator(threadweaver, special_kwargs, queries,
+                             max_model_len, metrics)

@@ -103,6 +103,10 @@ class SpecialKwargs:
     format_tags: Optional[dict[str, str]] = None
     """A format's tag strings by role, replacing its own (`FORMAT_TAGS`),
     for a model trained with other tags; each must be one token."""
+    no_conclusion: Optional[bool] = None
+    """ThreadWeaver's `no_conclusion` (format "threadweaver" only). None:
+    its released setting (True); False: each join's suffix opens an empty
+    `<Conclusion>`, as its controller's with ``no_conclusion=False``."""
 
     def fork_limit(self, num_spawned: int) -> int:
         """Children one fork of a format may start, in a tree that has
@@ -119,6 +123,9 @@ class SpecialKwargs:
 
     @model_validator(mode="after")
     def _check(self) -> "SpecialKwargs":
+        if self.no_conclusion is not None and self.format != "threadweaver":
+            raise ValueError("no_conclusion belongs to format "
+                             f"'threadweaver', not {self.format!r}")
         if self.format in TOKEN_FORMATS:
             given = [
                 f"{role}_token{suffix}" for role in ROLES

@@ -65,12 +65,21 @@ def test_every_form_reads_as_the_same_configuration(given):
         }
     }, "format_tags belong to a format's tags; format 'promise_sync' has "
      "none"),
+    ({
+        "format": "apr",
+        "no_conclusion": False
+    }, "no_conclusion belongs to format 'threadweaver', not 'apr'"),
+    ({
+        **FIELDS, "no_conclusion": True
+    }, "no_conclusion belongs to format 'threadweaver', not 'promise_sync'"),
 ],
                          ids=[
                              "unknown-key", "bad-json", "no-promise", "list",
                              "unknown-format", "multiverse", "npr",
                              "format-mixed-with-promise-sync",
-                             "unknown-tag-role", "tags-without-format"
+                             "unknown-tag-role", "tags-without-format",
+                             "no-conclusion-with-apr",
+                             "no-conclusion-with-promise-sync"
                          ])
 def test_a_bad_configuration_is_refused_with_its_reason(given, reason):
     with pytest.raises(ValueError, match=reason):

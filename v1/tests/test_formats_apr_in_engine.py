@@ -6,7 +6,8 @@ stock vLLM, on models/apr-toy, greedy, each side in a process of its own:
 the same final trace for every search, each sub-search's trace in the
 tree as the controller's child, offline (`LLM(..., special_kwargs=)`)
 and over the OpenAI API (`vllm serve --special-kwargs`), completions and
-chat, whole and streamed.
+chat, whole and streamed: text and token ids (the trace re-tokenized, as
+the engine's join is), and each whole answer's tree.
 
 The prompt is what APR's controller sends: the model's BOS as text, then
 the root's ``Moving to Node #0`` prefix; every call's budget is the
@@ -109,12 +110,15 @@ def served(tmp_path_factory):
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_over_the_api_the_engine_ends_with_the_controllers_trace(
         answers, served, chat, stream):
+    """The answer's text and token ids; whole, the tree's sub-searches
+    too."""
     controller, _ = answers
     for prefix, search in zip(PREFIXES, controller):
         body = {
             "model": str(MODEL),
             "max_tokens": MAX_TOKENS,
             "temperature": 0.0,
+            "return_token_ids": True,
             "stream": stream,
         }
         if chat:
@@ -122,9 +126,20 @@ def test_over_the_api_the_engine_ends_with_the_controllers_trace(
         else:
             body["prompt"] = BOS + prefix
         path = "/v1/chat/completions" if chat else "/v1/completions"
-        got, _ = choices(served, path, body)
+        got, answer = choices(served, path, body)
         key = "delta" if stream else "message"
         text = "".join((c.get(key) or {}).get("content") or ""
                        for c in got) if chat else "".join(
                            c.get("text") or "" for c in got)
         assert prefix + text == search["trace"]
+        token_ids = [t for c in got for t in c.get("token_ids") or ()]
+        finish = [c["finish_reason"] for c in got if c.get("finish_reason")]
+        eos = [TOKENIZER.eos_token_id] if finish == ["stop"] else []
+        assert token_ids == TOKENIZER.encode(search["trace"][len(prefix):],
+                                             add_special_tokens=False) + eos
+        if not stream:
+            tree = (answer.get("kv_transfer_params")
+                    or {}).get("promise_tree") or {}
+            assert [c["text"] for c in tree.get("children") or ()] == [
+                trace for round_ in search["rounds"] for trace in round_
+            ]

@@ -90,7 +90,9 @@ def test_a_step_s_calls_their_stops_budgets_and_headers():
     })
     [[(seq_prompt, seq)], [(branch_prompt, branch)]] = backend.calls
     tags = TOKENIZER.convert_tokens_to_ids
-    assert seq_prompt == prompt and "logprobs" not in seq
+    # Every call asks for the logprobs the request asks for (the rollout
+    # keeps them per token: `Rollout.logprobs`).
+    assert seq_prompt == prompt and seq["logprobs"] == branch["logprobs"] == 1
     assert seq["stop_token_ids"] == [EOS, 7, tags("</Outlines>")]
     assert branch["stop_token_ids"] == [EOS, 7, tags("</Thread>")]
     assert seq["max_tokens"] == 100

@@ -117,13 +117,29 @@ CASES = {
         }),
 }
 
+# ThreadWeaver's `no_conclusion=False`: each join's suffix opens an empty
+# <Conclusion>, which the root goes on from (or ends with).
+CONCLUSION_CASES = {
+    "several outlines":
+    ScriptedModel(
+        OUTLINES + "\n<Conclusion>\n24\n</Conclusion>\n</Parallel>" + END,
+        CASES["several outlines"].threads),
+    "a thread that hits EOS":
+    CASES["a thread that hits EOS"],
+}
 
-def in_engine(model: ScriptedModel, max_tokens: int) -> BatchQueueDriver:
+
+def in_engine(model: ScriptedModel,
+              max_tokens: int,
+              special_kwargs: dict = None) -> BatchQueueDriver:
     """The answer served by the plugin's scheduler: its driver, run."""
     scheduler = make_scheduler(SequenceHookScheduler,
                                MODEL,
                                False,
-                               special_kwargs={"format": "threadweaver"},
+                               special_kwargs={
+                                   "format": "threadweaver",
+                                   **(special_kwargs or {})
+                               },
                                max_model_len=WINDOW)
 
     def sample(request_id: str, position: int) -> int:
@@ -142,25 +158,47 @@ def in_engine(model: ScriptedModel, max_tokens: int) -> BatchQueueDriver:
 @pytest.mark.parametrize("budget", [None, 60], ids=["window", "budget 60"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_plugin_answers_as_threadweavers_controller(name, budget):
-    model = CASES[name]
-    controller = tw.ThreadWeaverController(TOKENIZER, response_length=budget)
+    assert_as_controller(
+        CASES[name], budget, name == "a thread that hits the window"
+        and budget is None)
+
+
+@pytest.mark.parametrize("name", list(CONCLUSION_CASES))
+def test_no_conclusion_false_answers_as_the_controllers_variant(name):
+    """``{"no_conclusion": false}`` serves the controller's variant."""
+    expected = assert_as_controller(CONCLUSION_CASES[name],
+                                    None,
+                                    False,
+                                    no_conclusion=False)
+    assert "<Conclusion>" in expected.text
+
+
+def assert_as_controller(model: ScriptedModel,
+                         budget,
+                         past_window: bool,
+                         no_conclusion: bool = True) -> tw.Rollout:
+    """The plugin serves ``model`` as the controller does, with the
+    response budget ``budget`` (None: the window); ``past_window``: the
+    controller's answer runs past the window. Returns its rollout."""
+    controller = tw.ThreadWeaverController(TOKENIZER,
+                                           no_conclusion=no_conclusion,
+                                           response_length=budget)
     [[expected]] = tw.run(controller,
                           ScriptedBackend(model.next_token, EOS, WINDOW),
                           [PROMPT])
-    driver = in_engine(model, budget or WINDOW - len(PROMPT))
+    driver = in_engine(model, budget or WINDOW - len(PROMPT),
+                       None if no_conclusion else {"no_conclusion": False})
     got = [t for request_id, new, _ in driver.outputs for t in new]
     assert {request_id for request_id, _, _ in driver.outputs} == {"r0"}
     # The one difference (docs/formats.md): a join past the window is cut
     # there in-engine, where the controller appends it all and stops.
     window = WINDOW - len(PROMPT)
     assert got == expected.token_ids[:window]
-    assert (len(expected.token_ids)
-            > window) == (name == "a thread that hits the window"
-                          and budget is None)
-    if name == "no outline":
+    assert (len(expected.token_ids) > window) == past_window
+    if controller.outlines_end_id not in expected.token_ids:
         # The trigger never sampled: a plain request, no tree.
-        assert "r0" not in driver.trees and not expected.forks
-        return
+        assert "r0" not in driver.trees
+        return expected
     tree = driver.trees["r0"]
     branches = [b for fork in expected.forks for b in fork.branches]
     assert [(c["label"], c["token_ids"], c["finish_reason"])
@@ -179,6 +217,7 @@ def test_the_plugin_answers_as_threadweavers_controller(name, budget):
                       for b in fork.branches) + len(fork.suffix_ids),
                   end - fork.position)) for fork in expected.forks]
     assert [tuple(s) for s in tree["merged_spans"]] == spans
+    return expected
 
 
 def test_the_cases_write_what_they_are_named_for():

@@ -20,6 +20,16 @@ from sequence_hooks_testkit.formats.apr_controller import TextCompletion
 from sequence_hooks_testkit.formats.threadweaver_controller import Completion
 
 
+def _sampled_logprobs(completion) -> Optional[list[float]]:
+    """Each sampled token's logprob in a `CompletionOutput`, if asked."""
+    if completion.logprobs is None:
+        return None
+    return [
+        entry[token].logprob
+        for token, entry in zip(completion.token_ids, completion.logprobs)
+    ]
+
+
 class LLMBackend:
     """Stock vLLM offline: one ``LLM.generate`` per batch of calls.
 
@@ -42,7 +52,8 @@ class LLMBackend:
             use_tqdm=False)
         return [
             Completion(list(o.outputs[0].token_ids),
-                       o.outputs[0].finish_reason) for o in outputs
+                       o.outputs[0].finish_reason,
+                       _sampled_logprobs(o.outputs[0])) for o in outputs
         ]
 
     def generate_text(self, prompts: list[str],
@@ -107,7 +118,8 @@ class HTTPBackend:
         choices = self._choices(
             prompts, [dict(p, return_token_ids=True) for p in params])
         return [
-            Completion(list(c["token_ids"]), c["finish_reason"])
+            Completion(list(c["token_ids"]), c["finish_reason"],
+                       (c.get("logprobs") or {}).get("token_logprobs"))
             for c in choices
         ]
 

@@ -10,8 +10,9 @@ Usage (in .venv-v1): python -m sequence_hooks_testkit.formats.run_in_engine
 CASES.json is a list of cases, each ``{"name", "prompts": [text],
 "max_tokens": N or null}``, greedy unless ``"sampling"`` gives
 `SamplingParams` fields (``n`` among them: every sample is an answer, in
-order); fp32, eager, the same engine settings as `run_threadweaver`'s
-stock side. The prompts are tokenized without
+order, each with its tree; ``logprobs`` puts the sampled tokens'
+logprobs in the tree); fp32, eager, the same engine settings as
+`run_threadweaver`'s stock side. The prompts are tokenized without
 special tokens, or with ``"text": true`` sent as text (tokenized as the
 completions API does: APR's controller sends text).
 """
@@ -59,14 +60,18 @@ def main() -> None:
                                use_tqdm=False)
         answers = []
         for output in outputs:
-            # A sample's tree comes with its request's (`n > 1`): none.
-            tree = promise_tree(output) if len(output.outputs) == 1 else None
-            answers += [{
-                "token_ids": list(completion.token_ids),
-                "text": completion.text,
-                "finish_reason": completion.finish_reason,
-                "tree": None if tree is None else tree.to_dict(),
-            } for completion in output.outputs]
+            for completion in output.outputs:
+                tree = promise_tree(output, completion)
+                answers.append({
+                    "token_ids":
+                    list(completion.token_ids),
+                    "text":
+                    completion.text,
+                    "finish_reason":
+                    completion.finish_reason,
+                    "tree":
+                    None if tree is None else tree.to_dict(),
+                })
         results.append({"name": case["name"], "answers": answers})
     args.out.write_text(json.dumps(results))
 

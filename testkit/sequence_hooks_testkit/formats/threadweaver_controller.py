@@ -67,10 +67,12 @@ def outline_labels(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Completion:
-    """One call's answer: the sampled ids (a matched stop id last) and
-    vLLM's finish reason (``"stop"`` or ``"length"``)."""
+    """One call's answer: the sampled ids (a matched stop id last),
+    vLLM's finish reason (``"stop"`` or ``"length"``) and, when the call
+    asked for ``logprobs``, each sampled token's logprob."""
     token_ids: list[int]
     finish_reason: str
+    logprobs: Optional[list[float]] = None
 
 
 class Backend(Protocol):
@@ -93,6 +95,8 @@ class Branch:
     finish_reason: str
     # What the join appended for it: header, tokens cut at EOS, closure.
     joined_ids: list[int]
+    # Its call's logprobs (`Completion.logprobs`).
+    logprobs: Optional[list[float]] = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,10 @@ class Rollout:
     # vLLM calls made and the prompt tokens they sent.
     calls: int = 0
     prompt_tokens: int = 0
+    # Per token of `token_ids`, the logprob its call sampled it with; None
+    # for a token the controller appended (a join) or when the calls did
+    # not ask for logprobs.
+    logprobs: list[Optional[float]] = field(default_factory=list)
 
 
 class ThreadWeaverController:
@@ -175,7 +183,6 @@ class ThreadWeaverController:
     def _call(self, prompt: list[int], stop_ids: list[int],
               sampling: dict[str, Any], max_model_len: int):
         params = dict(sampling)
-        params.pop("logprobs", None)
         params["stop_token_ids"] = list(
             dict.fromkeys(list(params.get("stop_token_ids") or []) + stop_ids))
         budget = max_model_len - len(prompt)
@@ -234,6 +241,7 @@ class ThreadWeaverController:
                 labels = []
         if self.response_length is not None:
             del out.token_ids[self.response_length:]
+            del out.logprobs[self.response_length:]
         out.text = self.tokenizer.decode(out.token_ids)
         return out
 
@@ -263,6 +271,7 @@ class ThreadWeaverController:
             return []
         context += tokens
         out.token_ids += tokens
+        out.logprobs += done.logprobs or [None] * len(tokens)
         matched = tokens[-1] if tokens[-1] in stop_ids else None
         if done.finish_reason == "length":
             out.ended = "length"
@@ -290,9 +299,12 @@ class ThreadWeaverController:
                 kept = kept + self.encode(CLOSURE)
             header = first_header(label) if i == 0 else later_header(label)
             joined = self.encode(header) + kept
-            branches.append(Branch(label, tokens, done.finish_reason, joined))
+            branches.append(
+                Branch(label, tokens, done.finish_reason, joined,
+                       done.logprobs))
             context += joined
             out.token_ids += joined
+            out.logprobs += [None] * len(joined)
         spent = (self.response_length is not None
                  and len(out.token_ids) >= self.response_length)
         if ended or spent:
@@ -304,6 +316,7 @@ class ThreadWeaverController:
         suffix_ids = self.encode(suffix)
         context += suffix_ids
         out.token_ids += suffix_ids
+        out.logprobs += [None] * len(suffix_ids)
         out.forks.append(Fork(position, branches, suffix_ids))
 
 
