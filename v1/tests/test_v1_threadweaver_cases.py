@@ -17,6 +17,7 @@ window) is asserted where it occurs.
 
 import re
 from dataclasses import dataclass, field
+from typing import Optional
 
 import pytest
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
@@ -131,7 +132,7 @@ CONCLUSION_CASES = {
 
 def in_engine(model: ScriptedModel,
               max_tokens: int,
-              special_kwargs: dict = None) -> BatchQueueDriver:
+              special_kwargs: Optional[dict] = None) -> BatchQueueDriver:
     """The answer served by the plugin's scheduler: its driver, run."""
     scheduler = make_scheduler(SequenceHookScheduler,
                                MODEL,
