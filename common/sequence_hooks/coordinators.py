@@ -40,8 +40,10 @@ def coordinator_for(special_kwargs: SpecialKwargs,
     if special_kwargs.format == "apr":
         return APRCoordinator(APRFormat.for_tokenizer(tokenizer),
                               special_kwargs, queries, max_model_len, metrics)
-    threadweaver = ThreadWeaverFormat.for_tokenizer(
-        tokenizer, special_kwargs.tags, special_kwargs.no_conclusion
-        is not False)
+    # None: ThreadWeaver's released setting, no conclusion.
+    no_conclusion = special_kwargs.no_conclusion is not False
+    threadweaver = ThreadWeaverFormat.for_tokenizer(tokenizer,
+                                                    special_kwargs.tags,
+                                                    no_conclusion)
     return FormatCoordinator(threadweaver, special_kwargs, queries,
                              max_model_len, metrics)

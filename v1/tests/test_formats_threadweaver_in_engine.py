@@ -122,10 +122,15 @@ def test_the_engine_answers_as_the_controller_token_for_token(answers, name):
     assert sum(len(want["forks"]) for want in expected) > 0
 
 
+def branches_of(want: dict) -> list[dict]:
+    """A rollout's branches, fork after fork."""
+    return [b for fork in want["forks"] for b in fork["branches"]]
+
+
 def assert_tree_as_rollout(tree: dict, want: dict) -> None:
     """A tree's threads are the rollout's branches: label, tokens, finish
     reason; and where each join fell in the root and its length."""
-    branches = [b for fork in want["forks"] for b in fork["branches"]]
+    branches = branches_of(want)
     children = (tree or {}).get("children") or []
     assert [c["label"] for c in children] == [b["label"] for b in branches]
     assert [c["token_ids"]
@@ -179,8 +184,7 @@ def test_the_tree_carries_the_logprobs_of_the_controllers_calls(answers):
         if have["tree"] is None:
             continue
         assert_logprobs_close(have["tree"]["logprobs"], want["logprobs"])
-        branches = [b for fork in want["forks"] for b in fork["branches"]]
-        for child, branch in zip(have["tree"]["children"], branches):
+        for child, branch in zip(have["tree"]["children"], branches_of(want)):
             assert_logprobs_close(child["logprobs"], branch["logprobs"])
             threads += 1
     assert threads > 0
@@ -251,9 +255,8 @@ def test_over_the_api_the_engine_answers_as_the_controller(
                 continue
             tree = api_tree(answer, index, n)
             assert_tree_as_rollout(tree, want)
-            branches = [b for fork in want["forks"] for b in fork["branches"]]
             for child, branch in zip((tree or {}).get("children") or [],
-                                     branches):
+                                     branches_of(want)):
                 if branch["logprobs"] is None:
                     assert child["logprobs"] is None
                 else:

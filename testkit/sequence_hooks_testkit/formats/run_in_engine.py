@@ -62,16 +62,11 @@ def main() -> None:
         for output in outputs:
             for completion in output.outputs:
                 tree = promise_tree(output, completion)
-                answers.append({
-                    "token_ids":
-                    list(completion.token_ids),
-                    "text":
-                    completion.text,
-                    "finish_reason":
-                    completion.finish_reason,
-                    "tree":
-                    None if tree is None else tree.to_dict(),
-                })
+                answers.append(
+                    dict(token_ids=list(completion.token_ids),
+                         text=completion.text,
+                         finish_reason=completion.finish_reason,
+                         tree=None if tree is None else tree.to_dict()))
         results.append({"name": case["name"], "answers": answers})
     args.out.write_text(json.dumps(results))
 
