@@ -248,6 +248,12 @@ class EngineQueries(Protocol):
         (a format reads labels from them)."""
         ...
 
+    def sampled_logprobs(self, member_id: str) -> Optional[list]:
+        """A live member's current call's sampled tokens' logprobs so far
+        (a format that restarts calls keeps them); None if its request
+        asked for none."""
+        ...
+
     def encode(self, member_id: str, text: str) -> list[int]:
         """Token ids of text merged into a member; text that spells a
         special token must stay text."""

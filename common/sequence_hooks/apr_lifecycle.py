@@ -19,6 +19,10 @@ the two share:
   its prompt, held back until then (`StartTree.holds_output`), since a
   cut rewrites text already sampled.
 
+Each node's tokens in the tree are its trace re-tokenized, with the
+logprobs its calls sampled them with where the ids agree
+(`sequence_hooks.call_logprobs`).
+
 Every request is a tree's root from its arrival. Records, aborts and
 trees are the promise/sync lifecycle's.
 """
@@ -34,6 +38,7 @@ from sequence_hooks.apr import (CALLING, MALFORMED, SUB_SEARCHES, APRFormat,
                                 Node, call_trace, calls_sub_searches,
                                 child_budget, cut_trace, ended_trace,
                                 joined_trace, search_result, sub_searches)
+from sequence_hooks.call_logprobs import CallTokens
 from sequence_hooks.lifecycle import PromiseCoordinator
 from sequence_hooks.members import Member
 from sequence_hooks.special_kwargs import SpecialKwargs
@@ -41,20 +46,27 @@ from sequence_hooks.special_kwargs import SpecialKwargs
 
 @dataclass(frozen=True)
 class _Call:
-    """A member's current call: the trace it was sent (no BOS) and where
-    its sampled tokens start."""
+    """A member's current call: the trace it was sent (no BOS) and its
+    prompt's ids, with the logprobs they keep from earlier calls."""
 
     prefix: str
-    start: int
+    prompt: CallTokens
+
+    @property
+    def start(self) -> int:
+        """Where its sampled tokens start."""
+        return len(self.prompt.ids)
 
 
 @dataclass(frozen=True)
 class _Search:
-    """A root waiting for its sub-searches: its trace at the call and the
-    nodes it listed (a child each, up to the per-tree limit)."""
+    """A root waiting for its sub-searches: its trace at the call, the
+    nodes it listed (a child each, up to the per-tree limit) and its
+    call's ids."""
 
     trace: str
     nodes: list[Node]
+    tokens: CallTokens
 
 
 class APRCoordinator(PromiseCoordinator):
@@ -81,8 +93,8 @@ class APRCoordinator(PromiseCoordinator):
         self.format = apr_format
         self._calls: dict[str, _Call] = {}
         self._searches: dict[str, _Search] = {}
-        # Per root: its prompt's text as the controller's prefix.
-        self._prompts: dict[str, str] = {}
+        # Per root: its prompt's text as the controller's prefix, and ids.
+        self._prompts: dict[str, tuple[str, list[int]]] = {}
         # Tokens whose text may end the controller's stop string.
         self._closing = apr_format.closing
 
@@ -103,8 +115,9 @@ class APRCoordinator(PromiseCoordinator):
             return []
         member = self._track_root(member_id, params)
         prefix = self.format.prefix_of(prompt_token_ids)
-        self._prompts[member_id] = prefix
-        self._calls[member_id] = _Call(prefix, len(prompt_token_ids))
+        self._prompts[member_id] = (prefix, list(prompt_token_ids))
+        self._calls[member_id] = _Call(prefix,
+                                       CallTokens.prompt(prompt_token_ids))
         return [StartTree(member_id, member.tree.state, holds_output=True)]
 
     def own_start(self, member_id: str) -> int:
@@ -132,7 +145,9 @@ class APRCoordinator(PromiseCoordinator):
         text = text[:text.index(SUB_SEARCHES)]
         return self._restart(
             member_id,
-            call_trace(self.format.bos_token, call.prefix, text) + CALLING)
+            call_trace(self.format.bos_token, call.prefix, text) + CALLING,
+            call.prompt.sampled(sampled,
+                                self.queries.sampled_logprobs(member_id)))
 
     def finished(self, member_id: str, reason: str,
                  result: MemberResult) -> list[Action]:
@@ -160,6 +175,7 @@ class APRCoordinator(PromiseCoordinator):
         # The stop id that ended the call (EOS) ends the output too, as a
         # stock request's does (the frontend does not detokenize it).
         ids = list(result.token_ids)
+        tokens = call.prompt.sampled(ids, result.logprobs)
         stop = tuple(ids[-1:]) if reason == "stop" and ids and (
             ids[-1] == self.format.eos_token_id) else ()
         if member.node.parent is None and calls_sub_searches(trace):
@@ -167,17 +183,17 @@ class APRCoordinator(PromiseCoordinator):
                 nodes = sub_searches(trace)
             except MALFORMED:
                 # The reference gives up on the search, with this trace.
-                return self._end(member, reason, trace, stop)
-            return self._call(member, trace, nodes)
-        return self._end(member, reason, trace, stop)
+                return self._end(member, reason, trace, tokens, stop)
+            return self._call(member, trace, nodes, tokens)
+        return self._end(member, reason, trace, tokens, stop)
 
-    def _call(self, member: Member, trace: str,
-              nodes: list[Node]) -> list[Action]:
+    def _call(self, member: Member, trace: str, nodes: list[Node],
+              tokens: CallTokens) -> list[Action]:
         """Forks a root's sub-searches, each from its fresh prompt."""
         root_id = member.node.request_id
         limit = self.special_kwargs.fork_limit(member.tree.state.num_spawned)
         member.tree.state.num_refused += max(len(nodes) - limit, 0)
-        self._searches[root_id] = _Search(trace, nodes)
+        self._searches[root_id] = _Search(trace, nodes, tokens)
         at = self._own_length(root_id, cut_trace(trace))
         budget = child_budget(self.format.budget, len(nodes),
                               self.format.avg_sub_call)
@@ -194,7 +210,8 @@ class APRCoordinator(PromiseCoordinator):
                               label=node.node)
             fork = dataclasses.replace(fork, fresh=True)
             self._members[fork.request_id].start = len(prompt)
-            self._calls[fork.request_id] = _Call(prefix, len(prompt))
+            self._calls[fork.request_id] = _Call(prefix,
+                                                 CallTokens.prompt(prompt))
             actions.append(fork)
         if not actions:
             return self._join(member)
@@ -220,47 +237,55 @@ class APRCoordinator(PromiseCoordinator):
         count = self._own_length(node.request_id, joined) - at
         tree.record_merged_tokens(node, at, count)
         self.metrics.merged_tokens.inc(count)
-        return self._restart(node.request_id, joined)
+        return self._restart(node.request_id, joined, search.tokens)
 
-    def _restart(self, member_id: str, trace: str) -> list[Action]:
-        """The member's next call, from ``trace``: past the context
-        window (a call the controller's server would refuse), the member
-        ends there instead, finish "length"."""
+    def _restart(self, member_id: str, trace: str,
+                 tokens: CallTokens) -> list[Action]:
+        """The member's next call, from ``trace``, after the call whose
+        ids are ``tokens``: past the context window (a call the
+        controller's server would refuse), the member ends there instead,
+        finish "length"."""
         prompt = self.format.prompt_ids(trace)
         if len(prompt) >= self.max_model_len:
-            return self._end(self._members[member_id], "length", trace)
-        self._calls[member_id] = _Call(trace, len(prompt))
+            return self._end(self._members[member_id], "length", trace, tokens)
+        self._calls[member_id] = _Call(trace, tokens.carried_to(prompt))
         return [Restart(member_id, tuple(prompt))]
 
     def _end(self,
              member: Member,
              reason: str,
              trace: str,
+             tokens: CallTokens,
              stop: tuple[int, ...] = ()) -> list[Action]:
         """Ends a member with its trace: a child's result, or a root's
         output (its trace after its prompt, then ``stop``: the stop id its
-        last call ended at, if any)."""
+        last call ended at, if any); ``tokens``: its last call's ids."""
         member_id = member.node.request_id
         if member.node.parent is not None:
             # A sub-search's tokens in the tree: its final call's prompt
-            # and what it sampled, re-tokenized as its trace.
+            # and what it sampled, re-tokenized as its trace (after the
+            # BOS every call is sent with).
             own = self.format.encode_text(trace)
-            return super().finished(member_id, reason,
-                                    MemberResult(own, trace))
-        prefix = self._prompts.pop(member_id)
+            return super().finished(
+                member_id, reason,
+                MemberResult(
+                    own, trace,
+                    tokens.logprobs_of(self.format.prompt_ids(""), own)))
+        prefix, prompt = self._prompts.pop(member_id)
         text = trace[len(prefix):] if trace.startswith(prefix) else trace
-        own = (*self.format.encode_text(text), *stop)
-        actions = super().finished(member_id, reason,
-                                   MemberResult(list(own), text))
+        own = [*self.format.encode_text(text), *stop]
+        actions = super().finished(
+            member_id, reason,
+            MemberResult(own, text, tokens.logprobs_of(prompt, own)))
         return [
-            dataclasses.replace(action, output_token_ids=own) if isinstance(
-                action, ReportTree) else action for action in actions
+            dataclasses.replace(action, output_token_ids=tuple(own))
+            if isinstance(action, ReportTree) else action for action in actions
         ]
 
     def _own_length(self, root_id: str, trace: str) -> int:
         """Tokens of ``trace`` after its root's prompt."""
-        return len(self.format.encode_text(
-            trace[len(self._prompts[root_id]):]))
+        return len(
+            self.format.encode_text(trace[len(self._prompts[root_id][0]):]))
 
     def _forget(self, member: Member) -> None:
         root_id = member.tree.state.root.request_id

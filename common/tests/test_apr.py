@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import pytest
+from fake_engine import FakeLogprob
 
 from sequence_hooks.actions import (Action, Fork, MemberResult, ReportTree,
                                     RequestParams, Restart, StartTree)
@@ -147,11 +148,19 @@ class ScriptedServer:
         return done
 
 
+def model_logprob(context: list[int], token: int) -> float:
+    """The logprob the scripted model gives ``token`` after exactly
+    ``context`` (another context, another value)."""
+    return -(hash((*context, token)) % 1000 + 1) / 1000
+
+
 @dataclass
 class Call:
     tokens: list[int]
     start: int
     max_tokens: Optional[int]
+    # Per sampled token, its logprobs (in `CompletionOutput`'s form).
+    logprobs: list = field(default_factory=list)
 
 
 @dataclass
@@ -159,12 +168,14 @@ class SearchEngine:
     """Carries out the coordinator's actions on token lists, one token per
     live member a step, with vLLM's stop checks (EOS: "stop"; the budget
     or the model length: "length"; no event for a token that ends its
-    member). Records every call's prompt ids."""
+    member). Records every call's prompt ids; with ``logprobs``, gives the
+    sampled tokens' logprobs as a request that asked for them."""
 
     model: ScriptedModel
     max_model_len: int
     max_tokens: Optional[int]
     limits: dict = field(default_factory=dict)
+    logprobs: bool = False
 
     def __post_init__(self):
         self.coordinator = APRCoordinator(
@@ -188,6 +199,8 @@ class SearchEngine:
                 if call is None:
                     continue
                 token = self.model.next_token(call.tokens)
+                call.logprobs.append(
+                    {token: FakeLogprob(model_logprob(call.tokens, token), 1)})
                 call.tokens.append(token)
                 own = len(call.tokens) - call.start
                 if token == EOS:
@@ -207,7 +220,8 @@ class SearchEngine:
                         member_id, reason,
                         MemberResult(
                             own, TOKENIZER.decode(own,
-                                                  skip_special_tokens=True))))
+                                                  skip_special_tokens=True),
+                            self.sampled_logprobs(member_id, call))))
         [report] = [a for a in self.actions if isinstance(a, ReportTree)]
         return report
 
@@ -243,6 +257,12 @@ class SearchEngine:
     def token_ids(self, member_id: str) -> list[int]:
         return list(self.calls[member_id].tokens)
 
+    def sampled_logprobs(self,
+                         member_id: str,
+                         call: Optional[Call] = None) -> Optional[list]:
+        call = call or self.calls[member_id]
+        return list(call.logprobs) if self.logprobs else None
+
     def encode(self, member_id: str, text: str) -> list[int]:
         raise AssertionError("APR merges no text by `encode`")
 
@@ -254,12 +274,14 @@ def both(model: ScriptedModel,
          max_tokens: int = 400,
          max_model_len: int = 2048,
          limits: Optional[dict] = None,
-         root: str = ROOT):
+         root: str = ROOT,
+         logprobs: bool = False):
     """The controller's search and the engine's, on the same model, from
     the prefix ``root``."""
     server = ScriptedServer(model)
     [rollout] = run_apr(APRController(BOS, max_tokens), server, [root])
-    engine = SearchEngine(model, max_model_len, max_tokens, limits or {})
+    engine = SearchEngine(model, max_model_len, max_tokens, limits or {},
+                          logprobs)
     report = engine.run(root)
     return rollout, server, engine, report
 
@@ -282,7 +304,7 @@ def test_children_start_fresh_and_join_into_the_cut_back_root():
         ScriptedModel([ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + WINS]))
     assert_same(rollout, server, engine, report)
     assert rollout.answer == "36-25=11 Goal Reached"
-    assert len(rollout.rounds) == 1 and rollout.calls == 4
+    assert len(rollout.rounds) == 1 and len(rollout.calls) == 4
     forks = [a for a in engine.actions if isinstance(a, Fork)]
     assert [f.label for f in forks] == ["#0,0", "#0,1"]
     assert [TOKENIZER.decode(list(f.context_tokens))
@@ -315,7 +337,7 @@ def test_a_written_sub_searches_tag_is_rewritten_as_the_controller_does():
         ScriptedModel(
             [ROOT + written, ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + WINS]))
     assert_same(rollout, server, engine, report)
-    assert rollout.calls == 5
+    assert len(rollout.calls) == 5
     restarts = [a for a in engine.actions if isinstance(a, Restart)]
     assert TOKENIZER.decode(list(
         restarts[0].prompt_token_ids)) == (BOS + ROOT + GENERATED +
@@ -427,7 +449,7 @@ def test_a_second_round_of_sub_searches_joins_as_the_first():
     # Room for the second call's text (a character a token).
     rollout, server, engine, report = both(model, max_tokens=800)
     assert_same(rollout, server, engine, report)
-    assert len(rollout.rounds) == 2 and rollout.calls == 7
+    assert len(rollout.rounds) == 2 and len(rollout.calls) == 7
     forks = [a for a in engine.actions if isinstance(a, Fork)]
     assert [f.label for f in forks] == ["#0,0", "#0,1", "#0,1,0", "#0,1,1"]
     restarts = [a for a in engine.actions if isinstance(a, Restart)]
@@ -450,10 +472,72 @@ def test_a_sub_search_s_own_call_is_not_read():
         after="No solution found.\n")
     rollout, server, engine, report = both(model)
     assert_same(rollout, server, engine, report)
-    assert rollout.calls == 4
+    assert len(rollout.calls) == 4
     forks = [a for a in engine.actions if isinstance(a, Fork)]
     assert [f.label for f in forks] == ["#0,0", "#0,1"]
     assert report.tree.children[1].text.endswith("<End Calling Sub Searches>")
     [restart] = [a for a in engine.actions if isinstance(a, Restart)]
     assert "<No Solution in Sub Search 1 at level 1 at Node #0,1>" in (
         TOKENIZER.decode(list(restart.prompt_token_ids)))
+
+
+def given_logprobs(context: list[int], node) -> list[Optional[float]]:
+    """A node's logprobs in its tree, each checked to be the one the
+    model gives its token after ``context`` and the node's tokens before
+    it."""
+    ids = list(node.token_ids)
+    given = []
+    for at, (token, entry) in enumerate(zip(ids, node.logprobs, strict=True)):
+        if entry is not None:
+            assert entry[token].logprob == model_logprob(
+                context + ids[:at], token), (node.label, at)
+        given.append(None if entry is None else entry[token].logprob)
+    return given
+
+
+def test_the_tree_keeps_each_token_s_logprob_where_its_call_sampled_it():
+    """Logprobs only where a call sampled the node's token after the same
+    ids: all the root's but its join's; none of its children's, whose
+    traces re-tokenize ``"]\\n"`` across their prompts' end (which no call
+    sampled)."""
+    root = ROOT + "\n"
+    model = ScriptedModel([root + CALL[1:], CHILD_0 + FAILS, CHILD_1 + WINS])
+    rollout, server, engine, report = both(model, root=root, logprobs=True)
+    assert_same(rollout, server, engine, report, root)
+    tree = report.tree
+    given = given_logprobs(TOKENIZER.encode(BOS + root), tree)
+    [(at, count)] = tree.merged_spans
+    assert count > 0
+    # And the EOS: the trace drops the empty line the call sampled it
+    # after (`ended_trace`).
+    assert [i for i, value in enumerate(given)
+            if value is None] == [*range(at, at + count),
+                                  len(given) - 1]
+    assert tree.cumulative_logprob == pytest.approx(
+        sum(value for value in given if value is not None))
+    assert len(tree.children) == 2
+    for child in tree.children:
+        assert given_logprobs(TOKENIZER.encode(BOS),
+                              child) == [None] * len(child.token_ids)
+
+
+def test_a_restarted_call_keeps_the_logprobs_its_ids_agree_on():
+    """The root's first call writes `<Sub Searches>` (rewritten to a call,
+    re-tokenized): its tokens before it keep their logprobs through both
+    restarts."""
+    root = ROOT + "\n"
+    written = GENERATED[1:] + "<Sub Searches>\n" + LISTED
+    model = ScriptedModel(
+        [root + written, root + CALL[1:], CHILD_0 + FAILS, CHILD_1 + WINS])
+    rollout, server, engine, report = both(model, root=root, logprobs=True)
+    assert_same(rollout, server, engine, report, root)
+    given = given_logprobs(TOKENIZER.encode(BOS + root), report.tree)
+    first = len(TOKENIZER.encode(GENERATED[1:]))
+    assert None not in given[:first]
+
+
+def test_without_logprobs_asked_the_tree_has_none():
+    _, _, _, report = both(
+        ScriptedModel([ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + WINS]))
+    assert report.tree.logprobs is None
+    assert [c.logprobs for c in report.tree.children] == [None, None]

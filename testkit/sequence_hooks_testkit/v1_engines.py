@@ -170,7 +170,7 @@ def assert_engine_clean(llm):
     assert scheduler.hooks.coordinator.num_members() == 0
     assert scheduler.parking.pending_forks == {}
     assert scheduler.parking.evicted == set()
-    assert scheduler.hooks.child_logprobs == {}
+    assert scheduler.hooks.member_logprobs.by_member == {}
     assert len(scheduler.hooks.sample_trees) == 0
     assert len(scheduler.hooks.child_preemptions) == 0
     assert len(scheduler.hooks.stop_strings) == 0

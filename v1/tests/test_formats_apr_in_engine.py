@@ -7,7 +7,8 @@ the same final trace for every search, each sub-search's trace in the
 tree as the controller's child, offline (`LLM(..., special_kwargs=)`)
 and over the OpenAI API (`vllm serve --special-kwargs`), completions and
 chat, whole and streamed: text and token ids (the trace re-tokenized, as
-the engine's join is), and each whole answer's tree.
+the engine's join is), and each whole answer's tree, its logprobs those
+the controller's calls sampled.
 
 The prompt is what APR's controller sends: the model's BOS as text, then
 the root's ``Moving to Node #0`` prefix; every call's budget is the
@@ -33,6 +34,7 @@ PREFIXES = [
 ][:8]
 MAX_MODEL_LEN = 2048
 MAX_TOKENS = 400
+GREEDY = {"temperature": 0.0, "logprobs": 1}
 CHAT_TEMPLATE = "{{ bos_token }}{{ messages[0]['content'] }}"
 
 
@@ -56,13 +58,15 @@ def answers(tmp_path_factory) -> tuple[list, list]:
     controller = run("run_apr", [], [{
         "name": "greedy",
         "prompts": PREFIXES,
-        "max_tokens": MAX_TOKENS
+        "max_tokens": MAX_TOKENS,
+        "sampling": GREEDY
     }], tmp_path_factory.mktemp("controller"))["searches"]
     engine = run("run_in_engine", ["apr"],
                  [{
                      "name": "greedy",
                      "prompts": [BOS + prefix for prefix in PREFIXES],
                      "max_tokens": MAX_TOKENS,
+                     "sampling": GREEDY,
                      "text": True
                  }], tmp_path_factory.mktemp("engine"))["answers"]
     return controller, engine
@@ -95,6 +99,78 @@ def test_the_tree_holds_each_sub_search_as_the_controllers(answers):
             assert child["label"].startswith("#0,")
 
 
+def sampled_by_calls(search: dict) -> dict[tuple[int, ...], float]:
+    """Every token the controller's calls sampled, by the ids up to and
+    including it: the logprob its call gave it."""
+    sampled = {}
+    for call in search["calls"]:
+        ids = TOKENIZER.encode(call["prompt"])
+        for token, logprob in zip(call["token_ids"],
+                                  call["logprobs"],
+                                  strict=True):
+            ids.append(token)
+            sampled[tuple(ids)] = logprob
+    return sampled
+
+
+def nodes_with_context(tree: dict, prefix: str) -> list[tuple[list, dict]]:
+    """The tree's nodes, each after the ids its calls were sent before its
+    tokens: the root's prompt; the BOS for a sub-search, whose tokens are
+    its whole trace."""
+    return [(TOKENIZER.encode(BOS + prefix), tree),
+            *((TOKENIZER.encode(BOS), child)
+              for child in tree.get("children") or ())]
+
+
+def assert_logprobs_are_the_calls(tree: dict, prefix: str,
+                                  sampled: dict) -> int:
+    """Each node's token has a logprob exactly where a call of the
+    controller sampled it after the same ids, and the same one (within
+    1e-3: another process's fp32). Returns how many it has."""
+    given = 0
+    for context, node in nodes_with_context(tree, prefix):
+        ids = list(context)
+        for token, logprob in zip(node["token_ids"],
+                                  node["logprobs"],
+                                  strict=True):
+            ids.append(token)
+            expected = sampled.get(tuple(ids))
+            assert (logprob is None) == (expected
+                                         is None), (node["label"], len(ids))
+            if logprob is not None:
+                assert logprob == pytest.approx(expected, abs=1e-3)
+                given += 1
+    return given
+
+
+def test_the_tree_s_logprobs_are_those_the_controller_s_calls_sampled(answers):
+    """Where the re-tokenized trace agrees with what a call sampled, the
+    node has that call's logprob; elsewhere (a join's text, a re-tokenized
+    boundary) none."""
+    controller, engine = answers
+    given = sampled = 0
+    for prefix, search, answer in zip(PREFIXES, controller, engine):
+        by_ids = sampled_by_calls(search)
+        given += assert_logprobs_are_the_calls(answer["tree"], prefix, by_ids)
+        sampled += len(by_ids)
+    # The toy's tokenizer mostly re-tokenizes as it sampled.
+    assert given > 0.9 * sampled
+
+
+def answer_logprobs(got: list[dict], chat: bool) -> list[float]:
+    """The sampled tokens' logprobs of an answer's choices (whole, or
+    streamed chunks), from the completions or the chat form."""
+    if chat:
+        return [
+            entry["logprob"] for c in got
+            for entry in (c.get("logprobs") or {}).get("content") or ()
+        ]
+    return [
+        logprob for c in got
+        for logprob in (c.get("logprobs") or {}).get("token_logprobs") or ()
+    ]
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """`vllm serve` of the toy with the format, as a user starts it."""
@@ -110,16 +186,18 @@ def served(tmp_path_factory):
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_over_the_api_the_engine_ends_with_the_controllers_trace(
         answers, served, chat, stream):
-    """The answer's text and token ids; whole, the tree's sub-searches
-    too."""
+    """The answer's text, token ids and logprobs; whole, the tree's
+    sub-searches too."""
     controller, _ = answers
     for prefix, search in zip(PREFIXES, controller):
+        sampled = sampled_by_calls(search)
         body = {
             "model": str(MODEL),
             "max_tokens": MAX_TOKENS,
             "temperature": 0.0,
             "return_token_ids": True,
             "stream": stream,
+            "logprobs": 1,
         }
         if chat:
             body["messages"] = [{"role": "user", "content": prefix}]
@@ -137,9 +215,25 @@ def test_over_the_api_the_engine_ends_with_the_controllers_trace(
         eos = [TOKENIZER.eos_token_id] if finish == ["stop"] else []
         assert token_ids == TOKENIZER.encode(search["trace"][len(prefix):],
                                              add_special_tokens=False) + eos
+        # Each token's logprob its call sampled it with, or the merged
+        # tokens' 0.0 where no call sampled it after these ids.
+        context = TOKENIZER.encode(BOS + prefix)
+        expected = [
+            sampled.get(tuple(context + token_ids[:at + 1]), 0.0)
+            for at in range(len(token_ids))
+        ]
+        assert answer_logprobs(got, chat) == pytest.approx(expected, abs=1e-3)
         if not stream:
             tree = (answer.get("kv_transfer_params")
                     or {}).get("promise_tree") or {}
             assert [c["text"] for c in tree.get("children") or ()] == [
                 trace for round_ in search["rounds"] for trace in round_
             ]
+            # The API's form of a token's logprobs: [[id, logprob, rank]],
+            # the sampled token's first.
+            for _, node in nodes_with_context(tree, prefix):
+                node["logprobs"] = [
+                    None if entry is None else entry[0][1]
+                    for entry in node["logprobs"]
+                ]
+            assert_logprobs_are_the_calls(tree, prefix, sampled)

@@ -90,7 +90,7 @@ def test_every_call_the_controller_makes_is_a_training_sequence(searches):
         assert rollout.trace == search.text()
         # Each of the search's sequences is one call: none left unused,
         # none made twice.
-        assert rollout.calls == len(search.sequences())
+        assert len(rollout.calls) == len(search.sequences())
         assert len(rollout.rounds) == len(search.rounds)
         solved = search.goal is not None
         assert apr_task.check_solution(apr_task.prompt_of(task),

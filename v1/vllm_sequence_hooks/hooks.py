@@ -15,12 +15,12 @@ upstream's `update_from_output`; each step's outputs are a local of
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from vllm_sequence_hooks.member_logprobs import MemberLogprobs
 from vllm_sequence_hooks.restarts import CallRestarts, member_request
 from vllm_sequence_hooks.stop_strings import (StopStringChecks,
                                               check_root_stop_strings,
                                               frontend_text)
 from vllm_sequence_hooks.transport import (ChildPreemptions, SampleTrees,
-                                           append_logprob_rows,
                                            append_merged_tokens, attach_tree)
 
 from sequence_hooks.actions import (Abort, Action, Conclude, Fork,
@@ -98,9 +98,7 @@ class SequenceHooks:
         self.stop_strings = StopStringChecks(tokenizer)
         self.restarts = CallRestarts(scheduler, end_requests,
                                      special_kwargs.format != PROMISE_SYNC)
-        # Live children's sampled tokens' logprobs (None where merged), if
-        # their request asked for logprobs (a root's are its output's).
-        self.child_logprobs: dict[str, list] = {}
+        self.member_logprobs = MemberLogprobs()
 
     # Events.
 
@@ -182,6 +180,7 @@ class SequenceHooks:
             self.stop_strings.forget(request_id)
             self.child_preemptions.forget(request_id)
             self.restarts.forget(request_id)
+            self.member_logprobs.pop(request_id)
             if (self.coordinator.is_member(request_id)
                     and not self.coordinator.is_child(request_id)):
                 self._carry_out(self.coordinator.aborted(request_id), None)
@@ -215,9 +214,7 @@ class SequenceHooks:
         request_id = request.request_id
         if self.coordinator.is_finished(request_id):
             return
-        if out.new_logprobs is not None and request_id in self.child_logprobs:
-            append_logprob_rows(self.child_logprobs[request_id],
-                                out.new_logprobs)
+        self.member_logprobs.sampled(request_id, out.new_logprobs)
         if out.finish_reason is not None:
             if self.coordinator.is_member(request_id):
                 self.finish_member(request, str(out.finish_reason), step)
@@ -247,9 +244,8 @@ class SequenceHooks:
                       step: _Step,
                       text: Optional[str] = None,
                       token_ids: Optional[list[int]] = None) -> None:
-        """Records a member's finish with the lifecycle: the one path of
-        every member's end on V1 (a stop, a length cap, a stop string of a
-        child or of a root).
+        """Records a member's finish with the lifecycle: every member's end
+        on V1 (a stop, a length cap, a child's or a root's stop string).
 
         Args:
             request: The member's request.
@@ -272,7 +268,7 @@ class SequenceHooks:
             self.coordinator.finished(
                 request_id, reason,
                 MemberResult(token_ids, text,
-                             self.child_logprobs.pop(request_id, None))), step)
+                             self.member_logprobs.pop(request_id))), step)
 
     # The coordinator's actions, carried out.
 
@@ -286,15 +282,18 @@ class SequenceHooks:
         # process, the frontend holds the same list.
         request.prompt_token_ids = list(request.prompt_token_ids)
         self.restarts.started(action.root_id, action.holds_output)
+        if action.holds_output:
+            self.member_logprobs.keep(request)
 
     def _fork(self, child: Fork, step: Optional[_Step]) -> None:
         scheduler = self.scheduler
         if child.fresh:
             # A call of its own: nothing of its parent's KV to share.
-            scheduler.add_request(
-                self.restarts.call(child.request_id,
-                                   self.coordinator.root_of(child.request_id),
-                                   list(child.context_tokens)))
+            request = self.restarts.call(
+                child.request_id, self.coordinator.root_of(child.request_id),
+                list(child.context_tokens))
+            self.member_logprobs.keep(request)
+            scheduler.add_request(request)
             return
         parent = scheduler.requests[child.parent_id]
         context = list(parent.all_token_ids) + list(child.context_tokens)
@@ -314,8 +313,7 @@ class SequenceHooks:
                     [*(params.stop_token_ids or ()), *child.stop_token_ids]))
             params._all_stop_token_ids.update(child.stop_token_ids)
         request = member_request(child.request_id, parent, context, params)
-        if params.logprobs is not None:
-            self.child_logprobs[child.request_id] = []
+        self.member_logprobs.keep(request)
         if child.stop:
             self.stop_strings.watch(request, len(context))
         scheduler.parking.queue_fork(
@@ -337,8 +335,7 @@ class SequenceHooks:
             # Only a parked session takes its next chunk.
             scheduler.parking.park(request)
         token_ids = list(resume.token_ids)
-        if member_id in self.child_logprobs:
-            self.child_logprobs[member_id] += [None] * len(token_ids)
+        self.member_logprobs.merged(member_id, len(token_ids))
         sync_token = request.all_token_ids[request.num_computed_tokens:]
         # Output so far becomes prompt; the budget keeps counting it.
         max_tokens = (request.max_tokens - request.num_output_tokens -
@@ -388,10 +385,14 @@ class SequenceHooks:
                                  list(action.shown_token_ids),
                                  action.token_logprob)
         self.scheduler.parking.forget(member_id)
-        self.restarts.restart(
-            self.restarts.call(member_id, self.coordinator.root_of(member_id),
-                               list(action.prompt_token_ids),
-                               action.max_tokens))
+        request = self.restarts.call(member_id,
+                                     self.coordinator.root_of(member_id),
+                                     list(action.prompt_token_ids),
+                                     action.max_tokens)
+        if self.coordinator.is_child(member_id) or member_id in (
+                self.restarts.held):  # (Not a root with an output's.)
+            self.member_logprobs.keep(request)
+        self.restarts.restart(request)
 
     @staticmethod
     def _output_of(request: Request, step: _Step) -> EngineCoreOutput:
@@ -406,7 +407,7 @@ class SequenceHooks:
 
     def _abort(self, action: Abort, step: Optional[_Step]) -> None:
         for member_id in action.member_ids:
-            self.child_logprobs.pop(member_id, None)
+            self.member_logprobs.pop(member_id)
             self.stop_strings.forget(member_id)
             self.scheduler.parking.forget(member_id)
             self.restarts.forget(member_id)
@@ -418,7 +419,8 @@ class SequenceHooks:
         if action.output_token_ids is not None and step is not None:
             out = self._output_of(self.restarts.template(action.root_id), step)
             self.restarts.release(action.root_id, action.output_token_ids, out,
-                                  action.tree.finish_reason)
+                                  action.tree.finish_reason,
+                                  action.tree.logprobs)
         self.restarts.forget(action.root_id)
         if out is not None:
             attach_tree(out, action.tree)
@@ -436,6 +438,9 @@ class SequenceHooks:
 
     def token_ids(self, member_id: str) -> list[int]:
         return list(self.scheduler.requests[member_id].all_token_ids)
+
+    def sampled_logprobs(self, member_id: str) -> Optional[list]:
+        return self.member_logprobs.current(member_id)
 
     def encode(self, member_id: str, text: str) -> list[int]:
         return encode_merge(self.tokenizer, text)

@@ -18,6 +18,8 @@ A root whose outputs are held never reaches the frontend before its
 from collections import Counter
 from typing import Any, Callable, Optional
 
+from vllm_sequence_hooks.member_logprobs import output_logprob_rows
+
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import EngineCoreOutput, FinishReason
@@ -132,7 +134,8 @@ class CallRestarts:
             self.scheduler.add_request(self.pending.pop(request_id))
 
     def release(self, root_id: str, output_token_ids: tuple[int, ...],
-                out: EngineCoreOutput, reason: Optional[str]) -> None:
+                out: EngineCoreOutput, reason: Optional[str],
+                logprobs: Optional[list]) -> None:
         """A held root's end: ``out`` carries its whole output.
 
         Args:
@@ -140,9 +143,12 @@ class CallRestarts:
             output_token_ids: Its output.
             out: Its output of this step.
             reason: Its finish reason in its tree.
+            logprobs: Its tokens' logprobs in its tree.
         """
         out.new_token_ids = list(output_token_ids)
-        out.new_logprobs = None
+        asked = self.templates[root_id].sampling_params.logprobs
+        out.new_logprobs = None if asked is None else output_logprob_rows(
+            out.new_token_ids, logprobs, asked)
         if out.finish_reason is None:
             out.finish_reason = (FinishReason.LENGTH
                                  if reason == "length" else FinishReason.STOP)

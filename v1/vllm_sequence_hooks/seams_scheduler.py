@@ -234,18 +234,21 @@ SCHEDULER_SEAMS: tuple[Seam, ...] = (
          "never: the tree's reasons are V0's names"),
     Seam(
         "vllm.v1.outputs:LogprobsLists", "constructs, reads",
-        "a child's sampled logprobs are kept for its node; merged tokens' "
-        "rows are built and appended (the first three fields)",
-        "never: the outputs' logprobs form"),
+        "a child's (and a held root's) sampled logprobs are kept for its "
+        "node; merged tokens' rows and a held root's whole output's are "
+        "built (the first three fields)", "never: the outputs' logprobs form"),
     Seam(
         "vllm.v1.outputs:LogprobsLists.slice_request", "calls",
         "a root stopped inside a merge keeps the rows of the tokens up to "
         "the stop, as vLLM 0.32's frontend cuts them", STOP_STRINGS),
     Seam("vllm.v1.outputs:ModelRunnerOutput", "annotates",
          "`update_from_output`'s parameter", NEVER_GIVEN),
-    Seam("vllm.logprobs:append_logprobs_for_next_position", "calls",
-         "a child's logprobs in `CompletionOutput.logprobs`' form",
-         "the tree takes `LogprobsLists` rows as they are"),
+    Seam(
+        "vllm.logprobs:append_logprobs_for_next_position", "calls",
+        "a child's logprobs in `CompletionOutput.logprobs`' form; a held "
+        "root's rows are rebuilt from it by its ranks (the sampled "
+        "token's, then 1 to k)",
+        "the tree takes `LogprobsLists` rows as they are"),
     Seam(
         "vllm.logprobs:Logprob", "constructs",
         "`PromiseNode.from_dict(data, Logprob)` rebuilds the tree's "

@@ -26,7 +26,6 @@ from typing import Any, Optional
 import numpy as np
 
 from sequence_hooks.tree import PromiseNode
-from vllm.logprobs import append_logprobs_for_next_position
 from vllm.v1.engine import (EngineCoreEvent, EngineCoreEventType,
                             EngineCoreOutput)
 from vllm.v1.outputs import LogprobsLists
@@ -80,23 +79,6 @@ def append_merged_tokens(out: EngineCoreOutput, request: Request,
             *(np.concatenate([old, new])
               for old, new in zip(out.new_logprobs[:3], rows[:3])))
     out.new_logprobs = rows
-
-
-def append_logprob_rows(logprobs: list, new_logprobs: LogprobsLists) -> None:
-    """Appends a step's logprob rows of a child's sampled tokens to its
-    logprobs (kept for its tree node; a root's are its output's).
-
-    Args:
-        logprobs: The child's logprobs so far, in `CompletionOutput`'s
-            form.
-        new_logprobs: The step's rows (`EngineCoreOutput.new_logprobs`).
-    """
-    token_ids, values, ranks, _ = new_logprobs
-    for row_ids, row_logprobs, rank in zip(token_ids, values, ranks):
-        append_logprobs_for_next_position(logprobs, row_ids.tolist(),
-                                          row_logprobs.tolist(),
-                                          [None] * len(row_ids), int(rank),
-                                          len(row_ids) - 1)
 
 
 @dataclass

@@ -22,10 +22,22 @@ from sequence_hooks_testkit.formats.driver import Calls, drive, together
 @dataclass(frozen=True)
 class TextCompletion:
     """One call's text (a matched stop string left out), vLLM's finish
-    reason and the stop string or id it matched (None if none)."""
+    reason and the stop string or id it matched (None if none); the ids it
+    sampled and their logprobs, where the backend gives them."""
     text: str
     finish_reason: str
     stop_reason: Any
+    token_ids: Optional[list[int]] = None
+    logprobs: Optional[list[float]] = None
+
+
+@dataclass(frozen=True)
+class APRCall:
+    """One call the controller made: its text prompt, the ids it sampled
+    and their logprobs (as its `TextCompletion`)."""
+    prompt: str
+    token_ids: Optional[list[int]]
+    logprobs: Optional[list[float]]
 
 
 class TextBackend(Protocol):
@@ -47,7 +59,7 @@ class APRRollout:
     rounds: list[list[str]] = field(default_factory=list)
     # Set if the reference would have given up (its `except` returns None).
     error: str = ""
-    calls: int = 0
+    calls: list[APRCall] = field(default_factory=list)
 
 
 class APRController:
@@ -79,7 +91,9 @@ class APRController:
                           stop=[SUB_SEARCHES],
                           max_tokens=self.max_tokens)
             [done] = yield [(self.bos_token + prefix, params)]
-            out.calls += 1
+            out.calls.append(
+                APRCall(self.bos_token + prefix, done.token_ids,
+                        done.logprobs))
             prefix = call_trace(self.bos_token, prefix, done.text)
             if done.stop_reason != SUB_SEARCHES:
                 break

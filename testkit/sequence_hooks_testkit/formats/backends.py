@@ -65,7 +65,9 @@ class LLMBackend:
                                     use_tqdm=False)
         return [
             TextCompletion(o.outputs[0].text, o.outputs[0].finish_reason,
-                           o.outputs[0].stop_reason) for o in outputs
+                           o.outputs[0].stop_reason,
+                           list(o.outputs[0].token_ids),
+                           _sampled_logprobs(o.outputs[0])) for o in outputs
         ]
 
 
@@ -126,9 +128,13 @@ class HTTPBackend:
     def generate_text(self, prompts: list[str],
                       params: list[dict[str, Any]]) -> list[TextCompletion]:
         """Sends one request per text prompt, all at once."""
+        choices = self._choices(
+            prompts, [dict(p, return_token_ids=True) for p in params])
         return [
-            TextCompletion(c["text"], c["finish_reason"], c.get("stop_reason"))
-            for c in self._choices(prompts, params)
+            TextCompletion(c["text"], c["finish_reason"], c.get("stop_reason"),
+                           list(c["token_ids"]), (c.get("logprobs")
+                                                  or {}).get("token_logprobs"))
+            for c in choices
         ]
 
 
