@@ -50,7 +50,18 @@ def training_records(prompt_token_ids: list[int], tree: PromiseNode,
 
     Returns:
         One record per sequence, depth first in promise order.
+
+    Raises:
+        ValueError: The tree is a format's (its children are labelled):
+            their contexts hold the format's headers or fresh prompts,
+            which the tree does not carry (docs/formats.md).
     """
+    if any(child.label is not None for child in tree.children):
+        raise ValueError(
+            "training_records flattens promise/sync trees; a format's "
+            "children (labelled) start from headers or fresh prompts the "
+            "tree does not carry (docs/formats.md, 'Training on a "
+            "format's trees')")
     marker = () if role_marker_id is None else (role_marker_id, )
     records: list[SequenceRecord] = []
 

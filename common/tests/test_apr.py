@@ -26,6 +26,7 @@ from sequence_hooks.actions import (Action, Fork, MemberResult, ReportTree,
 from sequence_hooks.apr import APRFormat
 from sequence_hooks.apr_lifecycle import APRCoordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
+from sequence_hooks.training_records import training_records
 from sequence_hooks_testkit.formats.apr_controller import (APRController,
                                                            TextCompletion,
                                                            run_apr)
@@ -541,3 +542,12 @@ def test_without_logprobs_asked_the_tree_has_none():
         ScriptedModel([ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + WINS]))
     assert report.tree.logprobs is None
     assert [c.logprobs for c in report.tree.children] == [None, None]
+
+
+def test_training_records_refuse_a_format_s_tree():
+    """Its children's contexts are fresh prompts the tree does not hold:
+    flattened as promise/sync's, each would get its parent's instead."""
+    _, _, _, report = both(
+        ScriptedModel([ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + WINS]))
+    with pytest.raises(ValueError, match="promise/sync trees"):
+        training_records(TOKENIZER.encode(BOS + ROOT), report.tree, None)
