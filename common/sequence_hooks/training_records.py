@@ -29,7 +29,8 @@ class SequenceRecord:
     context_token_ids: tuple[int, ...]
     # The tokens it produced (merged ones included).
     token_ids: tuple[int, ...]
-    # Per token, whether the sequence sampled it (False: merged).
+    # Per token, whether the sequence sampled it after these ids (False:
+    # merged, or with logprobs asked, one that has none).
     sampled_mask: tuple[bool, ...]
     # Per token, the sampled token's logprob; None for merged tokens, and
     # None altogether unless the request asked for logprobs.
@@ -66,17 +67,20 @@ def training_records(prompt_token_ids: list[int], tree: PromiseNode,
     records: list[SequenceRecord] = []
 
     def visit(node: PromiseNode, context: tuple[int, ...]) -> None:
-        logprobs = None
+        logprobs, mask = None, node.sampled_mask
         if node.logprobs is not None:
             logprobs = tuple(
                 None if entry is None else entry[token].logprob
                 for token, entry in zip(node.token_ids, node.logprobs))
+            # A token with no logprob was not sampled after these ids (a
+            # format's re-tokenized text, APR's): not trained either.
+            mask = tuple(sampled and logprob is not None
+                         for sampled, logprob in zip(mask, logprobs))
         records.append(
             SequenceRecord(
                 node.request_id,
                 None if node.parent is None else node.parent.request_id,
-                context, node.token_ids, node.sampled_mask, logprobs,
-                node.finish_reason))
+                context, node.token_ids, mask, logprobs, node.finish_reason))
         for child in node.children:
             visit(child,
                   context + node.token_ids[:child.fork_position] + marker)

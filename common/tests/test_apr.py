@@ -551,3 +551,18 @@ def test_training_records_refuse_a_format_s_tree():
         ScriptedModel([ROOT + CALL, CHILD_0 + FAILS, CHILD_1 + WINS]))
     with pytest.raises(ValueError, match="promise/sync trees"):
         training_records(TOKENIZER.encode(BOS + ROOT), report.tree, None)
+
+
+def test_training_records_train_only_what_was_sampled_after_its_ids():
+    """A search that calls nothing is a root alone; its last EOS came
+    after an empty line its trace drops: no logprob, not trained."""
+    root = ROOT + "\n"
+    rollout, server, engine, report = both(ScriptedModel([root + FAILS[1:]]),
+                                           root=root,
+                                           logprobs=True)
+    assert not report.tree.children
+    [record] = training_records(TOKENIZER.encode(BOS + root), report.tree,
+                                None)
+    assert record.token_ids[-1] == EOS
+    assert record.sampled_mask == (True, ) * (len(record.token_ids) - 1) + (
+        False, )

@@ -27,17 +27,22 @@ class MemberLogprobs:
 
     def __init__(self) -> None:
         self.by_member: dict[str, list] = {}
+        # Per member kept, how many top logprobs it asked for.
+        self.asked: dict[str, int] = {}
 
     def keep(self, request: Request) -> None:
-        """Keeps a member's logprobs from now on (anew), if it asked."""
-        if request.sampling_params.logprobs is not None:
+        """Keeps a member's logprobs from now on (anew), if it asked
+        (``logprobs`` or ``logprob_token_ids``)."""
+        asked = request.sampling_params.num_logprobs
+        if asked is not None:
             self.by_member[request.request_id] = []
+            self.asked[request.request_id] = asked
 
     def sampled(self, member_id: str, new_logprobs) -> None:
         """A step's rows of a member's sampled tokens."""
         logprobs = self.by_member.get(member_id)
         if logprobs is not None and new_logprobs is not None:
-            append_logprob_rows(logprobs, new_logprobs)
+            append_logprob_rows(logprobs, new_logprobs, self.asked[member_id])
 
     def merged(self, member_id: str, count: int) -> None:
         """``count`` tokens merged into a member: no logprobs."""
@@ -51,6 +56,7 @@ class MemberLogprobs:
 
     def pop(self, member_id: str) -> Optional[list]:
         """A member's logprobs, no longer kept; None if it kept none."""
+        self.asked.pop(member_id, None)
         return self.by_member.pop(member_id, None)
 
 
@@ -85,26 +91,33 @@ def output_logprob_rows(token_ids: list[int],
         ranks[row] = entry[token].rank
         values[row, 0] = entry[token].logprob
         # The top tokens' columns, by rank (the sampled one among them
-        # if it ranks there).
+        # if it ranks there); a rank the entries lack (rows of repeated
+        # ids collapse, as upstream's for ``logprob_token_ids`` batches)
+        # repeats the sampled token.
         by_rank = {logprob.rank: (t, logprob) for t, logprob in entry.items()}
         for column in range(1, num_logprobs + 1):
-            ids[row, column] = by_rank[column][0]
-            values[row, column] = by_rank[column][1].logprob
+            top, logprob = by_rank.get(column, (token, entry[token]))
+            ids[row, column] = top
+            values[row, column] = logprob.logprob
     return LogprobsLists(ids, values, ranks)
 
 
-def append_logprob_rows(logprobs: list, new_logprobs: LogprobsLists) -> None:
-    """Appends a step's logprob rows of a child's sampled tokens to its
-    logprobs (kept for its tree node; a root's are its output's).
+def append_logprob_rows(logprobs: list, new_logprobs: LogprobsLists,
+                        num_logprobs: int) -> None:
+    """Appends a step's logprob rows of a member's sampled tokens to its
+    logprobs, as the frontend does for an output's.
 
     Args:
-        logprobs: The child's logprobs so far, in `CompletionOutput`'s
+        logprobs: The member's logprobs so far, in `CompletionOutput`'s
             form.
-        new_logprobs: The step's rows (`EngineCoreOutput.new_logprobs`).
+        new_logprobs: The step's rows (`EngineCoreOutput.new_logprobs`),
+            as wide as the batch's largest request asked.
+        num_logprobs: How many the member asked for: the rows are cut to
+            them, as the frontend cuts an output's.
     """
     token_ids, values, ranks, _ = new_logprobs
     for row_ids, row_logprobs, rank in zip(token_ids, values, ranks):
         append_logprobs_for_next_position(logprobs, row_ids.tolist(),
                                           row_logprobs.tolist(),
                                           [None] * len(row_ids), int(rank),
-                                          len(row_ids) - 1)
+                                          num_logprobs)

@@ -146,7 +146,7 @@ class CallRestarts:
             logprobs: Its tokens' logprobs in its tree.
         """
         out.new_token_ids = list(output_token_ids)
-        asked = self.templates[root_id].sampling_params.logprobs
+        asked = self.templates[root_id].sampling_params.num_logprobs
         out.new_logprobs = None if asked is None else output_logprob_rows(
             out.new_token_ids, logprobs, asked)
         if out.finish_reason is None:

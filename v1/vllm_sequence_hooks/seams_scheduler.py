@@ -295,10 +295,11 @@ SCHEDULER_SEAMS: tuple[Seam, ...] = (
          "a child's parameters; a text without stop strings", PUBLIC_API),
     Seam(
         "vllm.sampling_params:SamplingParams.{stop,seed,min_tokens,"
-        "max_tokens,logprobs,prompt_logprobs,stop_token_ids,"
+        "max_tokens,logprobs,num_logprobs,prompt_logprobs,stop_token_ids,"
         "skip_special_tokens}", "reads, writes",
         "a child's seed, budget and minimum, no prompt logprobs; stop "
-        "strings; whether logprobs are kept; a format's branch stops at its "
+        "strings; whether and how many logprobs are kept (`num_logprobs`, "
+        "as the frontend counts them); a format's branch stops at its "
         "end tag; a concluded root's text as the frontend decodes it",
         PUBLIC_API),
     Seam(

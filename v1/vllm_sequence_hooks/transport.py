@@ -65,7 +65,7 @@ def append_merged_tokens(out: EngineCoreOutput, request: Request,
         logprob: Each one's logprob, in every column of its row.
     """
     out.new_token_ids = list(out.new_token_ids) + token_ids
-    if request.sampling_params.logprobs is None:
+    if request.sampling_params.num_logprobs is None:
         return
     width = (1 if out.new_logprobs is None else
              out.new_logprobs.logprob_token_ids.shape[1])

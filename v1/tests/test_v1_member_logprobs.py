@@ -1,0 +1,109 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""The logprobs the engine core keeps for tree nodes
+(`vllm_sequence_hooks.member_logprobs`), model-free: rows as upstream's
+sampler makes them (as wide as the batch's largest request asked),
+read as upstream's frontend reads an output's, and a held root's output
+rows rebuilt from its entries.
+"""
+
+import numpy as np
+import pytest
+from vllm_sequence_hooks.member_logprobs import (MemberLogprobs,
+                                                 output_logprob_rows)
+
+from vllm import SamplingParams
+from vllm.logprobs import append_logprobs_for_next_position
+from vllm.v1.outputs import LogprobsLists
+from vllm.v1.request import Request
+
+WIDTH = 6  # a batch whose largest request asked for 5
+
+
+def request(**logprobs) -> Request:
+    return Request(request_id="member",
+                   prompt_token_ids=[1, 2, 3],
+                   sampling_params=SamplingParams(max_tokens=8, **logprobs),
+                   pooling_params=None)
+
+
+def rows(sampled: list[int], ranks: list[int]) -> LogprobsLists:
+    """One row per sampled token: it first, then the top tokens 100,
+    101, ... (the sampled one among them where it ranks there)."""
+    ids = np.zeros((len(sampled), WIDTH), dtype=np.int64)
+    values = np.zeros((len(sampled), WIDTH), dtype=np.float32)
+    for row, (token, rank) in enumerate(zip(sampled, ranks)):
+        top = [100 + i for i in range(WIDTH - 1)]
+        if rank < WIDTH:
+            top[rank - 1] = token
+        ids[row] = [token, *top]
+        values[row] = [-0.5 * rank, *(-0.5 * (i + 1) for i in range(len(top)))]
+    return LogprobsLists(ids, values, np.array(ranks, dtype=np.int64))
+
+
+def frontend(new_logprobs: LogprobsLists, num_logprobs: int) -> list:
+    """The entries upstream's frontend makes of an output's rows."""
+    entries: list = []
+    for ids, values, rank in zip(*new_logprobs[:3]):
+        append_logprobs_for_next_position(entries, ids.tolist(),
+                                          values.tolist(), [None] * len(ids),
+                                          int(rank), num_logprobs)
+    return entries
+
+
+@pytest.mark.parametrize("asked", [{
+    "logprobs": 0
+}, {
+    "logprobs": 1
+}, {
+    "logprobs": 3
+}, {
+    "logprob_token_ids": [7, 8]
+}],
+                         ids=["0", "1", "3", "token ids"])
+def test_a_member_keeps_what_it_asked_for_not_the_batch_s(asked):
+    """As the frontend cuts an output's rows to the request's count."""
+    kept = MemberLogprobs()
+    member = request(**asked)
+    kept.keep(member)
+    step = rows([5, 6], [1, 9])
+    kept.sampled("member", step)
+    count = member.sampling_params.num_logprobs
+    assert kept.current("member") == frontend(step, count)
+    assert all(len(entry) <= count + 1 for entry in kept.current("member"))
+    kept.pop("member")
+    assert kept.by_member == {} and kept.asked == {}
+
+
+def test_a_member_that_asked_none_keeps_none():
+    kept = MemberLogprobs()
+    kept.keep(request())
+    kept.sampled("member", rows([5], [1]))
+    assert kept.current("member") is None and kept.by_member == {}
+
+
+@pytest.mark.parametrize("num_logprobs", [0, 2, 5])
+def test_a_held_output_s_rows_give_the_frontend_the_kept_entries(num_logprobs):
+    """Rebuilt rows, read as the frontend reads them, give back the same
+    entries: the sampled token in the top ones and past them; a token
+    with none gets the merged tokens' row."""
+    step = rows([5, 6, 7], [1, 3, 9])
+    entries = frontend(step, num_logprobs)
+    tokens = [5, 6, 7, 8]
+    got = output_logprob_rows(tokens, [*entries, None], num_logprobs)
+    again = frontend(got, num_logprobs)
+    assert again[:3] == entries
+    assert {token: lp.logprob for token, lp in again[3].items()} == {8: 0.0}
+
+
+def test_entries_missing_a_rank_fall_back_to_the_sampled_token():
+    """Rows of repeated ids (a batch with ``logprob_token_ids``) collapse
+    into fewer entries than ranks: no row is lost, none raises."""
+    step = LogprobsLists(
+        np.array([[5, 0, 0]]),
+        np.array([[-1.0, -np.inf, -np.inf]], dtype=np.float32), np.array([4]))
+    entries = frontend(step, 2)
+    got = output_logprob_rows([5], entries, 2)
+    assert got.logprob_token_ids[0, 0] == 5
+    assert got.logprobs[0, 0] == -1.0
+    assert frontend(got, 2)[0][5].logprob == -1.0
