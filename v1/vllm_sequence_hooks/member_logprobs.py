@@ -12,7 +12,7 @@ keeps its new call's only: the lifecycle carries the old call's over
 
 from typing import Optional
 
-import numpy as np
+from vllm_sequence_hooks.transport import merged_rows
 
 from sequence_hooks.actions import MERGED_TOKEN_LOGPROB
 from sequence_hooks.tree import TokenLogprobs
@@ -80,11 +80,8 @@ def output_logprob_rows(token_ids: list[int],
     if num_logprobs < 0:
         # All the vocabulary's: as many as any sampled token's entries.
         num_logprobs = max((len(e) for e in entries if e), default=0)
-    ids = np.repeat(np.array(token_ids, dtype=np.int64)[:, None],
-                    num_logprobs + 1,
-                    axis=1)
-    values = np.full(ids.shape, MERGED_TOKEN_LOGPROB, dtype=np.float32)
-    ranks = np.ones(len(token_ids), dtype=np.int64)
+    ids, values, ranks, _ = rows = merged_rows(token_ids, num_logprobs + 1,
+                                               MERGED_TOKEN_LOGPROB)
     for row, (token, entry) in enumerate(zip(token_ids, entries)):
         if entry is None:
             continue
@@ -99,7 +96,7 @@ def output_logprob_rows(token_ids: list[int],
             top, logprob = by_rank.get(column, (token, entry[token]))
             ids[row, column] = top
             values[row, column] = logprob.logprob
-    return LogprobsLists(ids, values, ranks)
+    return rows
 
 
 def append_logprob_rows(logprobs: list, new_logprobs: LogprobsLists,

@@ -53,6 +53,16 @@ def attach_tree(out: EngineCoreOutput, tree: PromiseNode) -> None:
     out.kv_transfer_params = params
 
 
+def merged_rows(token_ids: list[int], width: int,
+                logprob: float) -> LogprobsLists:
+    """Logprob rows of tokens given, not sampled: every column names the
+    token, with ``logprob`` (one entry per position, rank 1)."""
+    return LogprobsLists(
+        np.repeat(np.array(token_ids, dtype=np.int64)[:, None], width, axis=1),
+        np.full((len(token_ids), width), logprob, dtype=np.float32),
+        np.ones(len(token_ids), dtype=np.int64))
+
+
 def append_merged_tokens(out: EngineCoreOutput, request: Request,
                          token_ids: list[int], logprob: float) -> None:
     """Sends merged tokens as new tokens of ``out``'s request, with logprob
@@ -69,11 +79,7 @@ def append_merged_tokens(out: EngineCoreOutput, request: Request,
         return
     width = (1 if out.new_logprobs is None else
              out.new_logprobs.logprob_token_ids.shape[1])
-    # Every column names the merged token: one entry per position.
-    rows = LogprobsLists(
-        np.repeat(np.array(token_ids, dtype=np.int64)[:, None], width, axis=1),
-        np.full((len(token_ids), width), logprob, dtype=np.float32),
-        np.ones(len(token_ids), dtype=np.int64))
+    rows = merged_rows(token_ids, width, logprob)
     if out.new_logprobs is not None:
         rows = LogprobsLists(
             *(np.concatenate([old, new])
