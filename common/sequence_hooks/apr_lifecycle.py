@@ -31,7 +31,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from sequence_hooks.actions import (Action, EngineQueries, MemberResult,
+from sequence_hooks.actions import (Abort, Action, EngineQueries, MemberResult,
                                     ReportTree, RequestParams, Restart,
                                     StartTree)
 from sequence_hooks.apr import (CALLING, MALFORMED, SUB_SEARCHES, APRFormat,
@@ -132,7 +132,9 @@ class APRCoordinator(PromiseCoordinator):
         there and `<Calling Sub Searches>` (the controller's rewrite).
 
         Returns:
-            The member's `Restart`, or none.
+            The member's `Restart`, or none; past the context window, the
+            member's end (`_restart`) and then `Abort` of its call, which
+            still runs.
         """
         call = self._calls.get(member_id)
         if call is None or token_id not in self._closing:
@@ -143,11 +145,19 @@ class APRCoordinator(PromiseCoordinator):
             return []
         text = self.format.decode(sampled)
         text = text[:text.index(SUB_SEARCHES)]
-        return self._restart(
+        actions = self._restart(
             member_id,
             call_trace(self.format.bos_token, call.prefix, text) + CALLING,
             call.prompt.sampled(sampled,
                                 self.queries.sampled_logprobs(member_id)))
+        if any(
+                isinstance(action, Restart) and action.member_id == member_id
+                for action in actions):
+            return actions
+        # The member ended mid-call: the engine ends the call (after the
+        # end's report, which gives a held root's output from this step).
+        self._calls.pop(member_id, None)
+        return [*actions, Abort((member_id, ))]
 
     def finished(self, member_id: str, reason: str,
                  result: MemberResult) -> list[Action]:

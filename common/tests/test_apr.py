@@ -15,15 +15,17 @@ re-tokenized trace differs from the tokens a call sampled: the engine
 must send what the controller sends, not what it sampled.
 """
 
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
 import pytest
 from fake_engine import FakeLogprob
 
-from sequence_hooks.actions import (Action, Fork, MemberResult, ReportTree,
-                                    RequestParams, Restart, StartTree)
-from sequence_hooks.apr import APRFormat
+from sequence_hooks.actions import (Abort, Action, Fork, MemberResult,
+                                    ReportTree, RequestParams, Restart,
+                                    StartTree)
+from sequence_hooks.apr import CALLING, APRFormat
 from sequence_hooks.apr_lifecycle import APRCoordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.training_records import training_records
@@ -43,20 +45,27 @@ BOS, EOS_TEXT = SPECIAL
 
 
 class MergingTokenizer:
-    """BOS and EOS special; the tags and ``"]\\n"`` one token each,
-    longest first; every other character one token."""
+    """BOS and EOS special; the tags and ``"]\\n"`` one token each
+    (but those ``unmerged``), longest first; every other character one
+    token."""
 
     bos_token = BOS
     eos_token_id = 1
+
+    def __init__(self, unmerged: tuple[str, ...] = ()):
+        self.pieces = sorted(
+            (p for p in SPECIAL + MERGED if p not in unmerged),
+            key=len,
+            reverse=True)
 
     def __len__(self) -> int:
         return OFFSET + 0x250
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list:
         ids, at = [], 0
-        pieces = sorted(SPECIAL + MERGED, key=len, reverse=True)
         while at < len(text):
-            piece = next((p for p in pieces if text.startswith(p, at)), None)
+            piece = next((p for p in self.pieces if text.startswith(p, at)),
+                         None)
             if piece is None:
                 ids.append(OFFSET + ord(text[at]))
                 at += 1
@@ -199,6 +208,9 @@ class SearchEngine:
                 call = self.calls.get(member_id)
                 if call is None:
                     continue
+                # No call runs for a member the lifecycle has ended.
+                assert self.coordinator.is_member(member_id)
+                assert not self.coordinator.is_finished(member_id)
                 token = self.model.next_token(call.tokens)
                 call.logprobs.append(
                     {token: FakeLogprob(model_logprob(call.tokens, token), 1)})
@@ -244,6 +256,9 @@ class SearchEngine:
                 self.calls.pop(action.member_id, None)
                 self.start(action.member_id, list(action.prompt_token_ids),
                            self.max_tokens)
+            elif isinstance(action, Abort):
+                for member_id in action.member_ids:
+                    del self.calls[member_id]
             else:
                 assert isinstance(action, ReportTree), action
 
@@ -420,6 +435,56 @@ def test_a_join_past_the_context_window_ends_the_root():
     assert report.tree.finish_reason == "length"
     text = TOKENIZER.decode(list(report.output_token_ids))
     assert text.endswith("<End Sub Searches>\n")
+
+
+@pytest.fixture
+def calling_in_characters(monkeypatch):
+    """A tokenizer with ``<Calling Sub Searches>`` in characters: the
+    controller's rewrite is longer than the `<Sub Searches>` it replaces."""
+    monkeypatch.setattr(sys.modules[__name__], "TOKENIZER",
+                        MergingTokenizer(unmerged=(CALLING, )))
+
+
+def test_a_rewrite_past_the_context_window_ends_the_member_and_its_call(
+        calling_in_characters):
+    """The root writes `<Sub Searches>` with room left in the window, but
+    its call made anew would not fit: the root ends there, "length", and
+    the engine ends the call it is still running."""
+    model = ScriptedModel([ROOT + GENERATED + "<Sub Searches>\n" + LISTED])
+    call = TOKENIZER.encode(BOS + ROOT + GENERATED + "<Sub Searches>")
+    window = len(call) + 3
+    assert len(TOKENIZER.encode(BOS + ROOT + GENERATED + CALLING)) > window
+    engine = SearchEngine(model, window, 400, logprobs=True)
+    report = engine.run(ROOT)
+    assert report.tree.finish_reason == "length"
+    assert TOKENIZER.decode(list(
+        report.output_token_ids)) == GENERATED + CALLING
+    # At the tag, with the report: no token of the call after it.
+    assert engine.actions[-2:] == [report, Abort(("root", ))]
+    assert engine.prompts == [TOKENIZER.encode(BOS + ROOT)]
+    assert engine.coordinator.num_members() == 0
+
+
+def test_a_child_s_rewrite_past_the_context_window_ends_it_and_its_call(
+        calling_in_characters):
+    """The same for a sub-search: it ends there ("length", no solution)
+    and its call with it; the join goes on."""
+    window = len(TOKENIZER.encode(BOS + ROOT + CALL)) + 8
+    filler = "\n" + "." * (window - 4 -
+                           len(TOKENIZER.encode(BOS + CHILD_1 + "\n")))
+    model = ScriptedModel([
+        ROOT + CALL, CHILD_0 + FAILS,
+        CHILD_1 + filler + "<Sub Searches>\n" + LISTED
+    ])
+    engine = SearchEngine(model, window, 400)
+    report = engine.run(ROOT)
+    first, second = report.tree.children
+    assert (first.finish_reason, second.finish_reason) == ("stop", "length")
+    assert second.text.endswith(filler + CALLING)
+    assert Abort((second.request_id, )) in engine.actions
+    assert len(engine.prompts) == 3 + len(
+        [a for a in engine.actions if isinstance(a, Restart)])
+    assert engine.coordinator.num_members() == 0
 
 
 # After a first round whose sub-searches both fail, the root expands node

@@ -66,13 +66,16 @@ def sampler(scheduler, scripts: dict[str, str]):
     return sample
 
 
-def searches(async_scheduling: bool, scripts: dict[str, str] = SCRIPTS):
+def searches(async_scheduling: bool,
+             scripts: dict[str, str] = SCRIPTS,
+             model: Path = MODEL,
+             max_model_len: int = 2048):
     """A scheduler that serves APR searches of ``scripts``; its driver."""
     scheduler = make_scheduler(SequenceHookScheduler,
-                               MODEL,
+                               model,
                                async_scheduling,
                                special_kwargs={"format": "apr"},
-                               max_model_len=2048)
+                               max_model_len=max_model_len)
     driver = BatchQueueDriver(scheduler,
                               sampler(scheduler, scripts),
                               depth=2 if async_scheduling else 1)
@@ -116,6 +119,7 @@ def assert_clean(scheduler) -> None:
     assert scheduler.hooks.coordinator.num_members() == 0
     assert not scheduler.hooks.restarts.pending
     assert not scheduler.hooks.restarts.templates
+    assert not scheduler.hooks.member_logprobs.by_member
     pool = scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
 
@@ -221,4 +225,46 @@ def test_an_aborted_search_leaves_nothing_and_the_next_runs_as_alone(
     assert (request_id, [token_ids, reason]) == ("r1", alone)
     assert [c["label"]
             for c in driver.trees["r1"]["children"]] == ["#0,0", "#0,1"]
+    assert_clean(scheduler)
+
+
+@pytest.fixture(scope="module")
+def calling_in_characters(tmp_path_factory) -> Path:
+    """The toy's configuration with ``<Calling Sub Searches>`` in
+    characters (its id renamed): the controller's rewrite is longer than
+    the `<Sub Searches>` it replaces."""
+    folder = tmp_path_factory.mktemp("apr-calling-in-characters")
+    for name in ("config.json", "generation_config.json",
+                 "special_tokens_map.json", "tokenizer_config.json",
+                 "tokenizer.json"):
+        text = (MODEL / name).read_text()
+        (folder / name).write_text(
+            text.replace('"<Calling Sub Searches>"', '"<Unused>"'))
+    return folder
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True],
+                         ids=["sync", "async"])
+def test_a_rewrite_past_the_window_ends_the_root_and_its_call(
+        calling_in_characters, async_scheduling):
+    """The root writes `<Sub Searches>` with room left in the window, but
+    its call made anew would not fit: its output ends there, "length",
+    once; its call ends with it (no later token, nothing kept)."""
+    split = AutoTokenizer.from_pretrained(calling_in_characters)
+    generated = TOKENIZER.encode(GENERATED, add_special_tokens=False)
+    at_tag = len(PROMPT) + len(generated) + 1
+    assert len(
+        split.encode(split.bos_token + ROOT + GENERATED +
+                     "<Calling Sub Searches>")) > at_tag + 3
+    scheduler, driver = searches(async_scheduling,
+                                 model=calling_in_characters,
+                                 max_model_len=at_tag + 3)
+    driver.add(make_request(scheduler, "r0", PROMPT, 400, EOS, logprobs=1))
+    with computed_tokens(scheduler) as log:
+        driver.run()
+    [(request_id, token_ids, reason)] = driver.outputs
+    assert (request_id, reason) == ("r0", "length")
+    assert TOKENIZER.decode(token_ids) == GENERATED + "<Calling Sub Searches>"
+    # One step per token to the tag, and one in flight past it.
+    assert len([r for r, _ in log]) <= len(generated) + 1 + async_scheduling
     assert_clean(scheduler)
