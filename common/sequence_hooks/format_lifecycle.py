@@ -143,6 +143,12 @@ class FormatCoordinator(PromiseCoordinator):
         tree = member.tree.state
         forked = branches[:self.special_kwargs.fork_limit(tree.num_spawned)]
         tree.num_refused += len(branches) - len(forked)
+        if any(length + len(branch.context_tokens) >= self.max_model_len
+               for branch in forked):
+            # A branch with no room to sample (the controller's server
+            # refuses its call): none forks, the member decodes on to the
+            # window.
+            forked = []
         if not forked:
             # The controller's next call, sequential again.
             return actions + self._next_call(member, length, ())

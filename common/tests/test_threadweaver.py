@@ -380,3 +380,19 @@ def test_the_limits_refuse_branches_and_a_fork_with_none_decodes_on(
     assert len([a for a in engine.actions if isinstance(a, Park)]) == parks
     [start] = [a for a in engine.actions if isinstance(a, StartTree)]
     assert start.tree.num_refused == 4 - len(forked)
+
+
+@pytest.mark.parametrize("seed", [None, 7], ids=["unseeded", "seeded"])
+def test_a_fork_with_no_room_for_a_thread_decodes_on_to_the_window(seed):
+    """Outlines that close with no room left for a thread's header and
+    one token: no thread forks (the controller's server would refuse its
+    call); the root decodes on and ends at the window."""
+    at_trigger = len(PROMPT) + len(TOKENIZER.encode(OUTLINES))
+    window = at_trigger + len(TOKENIZER.encode(tw.first_header("1")))
+    engine = ThreadEngine(CASES["several outlines"], window, None, {}, seed)
+    got = engine.run(PROMPT)
+    assert not [a for a in engine.actions if isinstance(a, Fork)]
+    assert len(PROMPT) + len(got) == window
+    assert TOKENIZER.decode(got).startswith(OUTLINES + "\n</Parallel>")
+    [report] = [a for a in engine.actions if isinstance(a, ReportTree)]
+    assert report.tree.finish_reason == "length"

@@ -26,6 +26,7 @@ from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
 from sequence_hooks_testkit.v1_engines import computed_tokens
+from vllm.v1.request import RequestStatus
 
 # The APR toy's configuration and tokenizer (no weights are read).
 MODEL = Path(__file__).resolve().parents[2] / "models" / "apr-toy"
@@ -69,13 +70,17 @@ def sampler(scheduler, scripts: dict[str, str]):
 def searches(async_scheduling: bool,
              scripts: dict[str, str] = SCRIPTS,
              model: Path = MODEL,
-             max_model_len: int = 2048):
-    """A scheduler that serves APR searches of ``scripts``; its driver."""
+             **config):
+    """A scheduler that serves APR searches of ``scripts`` (``config``:
+    `make_scheduler`'s); its driver."""
     scheduler = make_scheduler(SequenceHookScheduler,
                                model,
                                async_scheduling,
                                special_kwargs={"format": "apr"},
-                               max_model_len=max_model_len)
+                               **{
+                                   "max_model_len": 2048,
+                                   **config
+                               })
     driver = BatchQueueDriver(scheduler,
                               sampler(scheduler, scripts),
                               depth=2 if async_scheduling else 1)
@@ -120,6 +125,8 @@ def assert_clean(scheduler) -> None:
     assert not scheduler.hooks.restarts.pending
     assert not scheduler.hooks.restarts.templates
     assert not scheduler.hooks.member_logprobs.by_member
+    assert len(scheduler.hooks.sample_trees) == 0
+    assert scheduler.num_waiting_for_streaming_input == 0
     pool = scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
 
@@ -203,19 +210,28 @@ CASES = [(stage, async_scheduling) for stage in STAGES
          if async_scheduling or "in flight" not in stage]
 
 
+@pytest.mark.parametrize("everything", [False, True], ids=["one", "all"])
 @pytest.mark.parametrize(
     "stage,async_scheduling",
     CASES,
     ids=[f"{stage}-{'async' if a else 'sync'}" for stage, a in CASES])
 def test_an_aborted_search_leaves_nothing_and_the_next_runs_as_alone(
-        stage, async_scheduling):
+        stage, async_scheduling, everything):
     """The engine core's abort (`finish_requests`, FINISHED_ABORTED) at
-    each point of a search: no output, nothing held, and the next search
-    gives what it gives alone."""
+    each point of a search, of its request or of all (a pause that
+    aborts, the engine's fault handling): no output, nothing held, and
+    the next search gives what it gives alone."""
     scheduler, driver = searches(async_scheduling)
     driver.add(make_request(scheduler, "r0", PROMPT, 400, EOS))
     driver.run_until(STAGES[stage], stage)
-    driver.abort("r0")
+    if everything:
+        aborted = scheduler.finish_requests(None,
+                                            RequestStatus.FINISHED_ABORTED)
+        # The engine core sends each an abort output: its client hears.
+        assert [request.request_id for request in aborted] == ["r0"]
+        driver.run()
+    else:
+        driver.abort("r0")
     assert driver.outputs == [] and driver.trees == {}
     assert_clean(scheduler)
     driver.add(make_request(scheduler, "r1", PROMPT, 400, EOS))
@@ -267,4 +283,35 @@ def test_a_rewrite_past_the_window_ends_the_root_and_its_call(
     assert TOKENIZER.decode(token_ids) == GENERATED + "<Calling Sub Searches>"
     # One step per token to the tag, and one in flight past it.
     assert len([r for r, _ in log]) <= len(generated) + 1 + async_scheduling
+    assert_clean(scheduler)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True],
+                         ids=["sync", "async"])
+def test_roots_waiting_for_sub_searches_take_no_row_and_no_extra_one(
+        async_scheduling):
+    """Three searches, two rows (`max_num_seqs`): a root waiting for its
+    sub-searches holds no request, so it is not uncounted as a parked
+    session (the running queue passed the limit and upstream's assert
+    took the engine core down); each answers as alone."""
+    scheduler, driver = searches(async_scheduling, max_num_seqs=2)
+    for request_id in ("r0", "r1", "r2"):
+        driver.add(make_request(scheduler, request_id, PROMPT, 400, EOS))
+    with computed_tokens(scheduler) as log:
+        driver.run()
+    [(_, *alone)] = alone_output(async_scheduling)
+    assert sorted(driver.outputs) == [(r, *alone) for r in ("r0", "r1", "r2")]
+    assert "r2/promise-1" in {request_id for request_id, _ in log}
+    assert_clean(scheduler)
+
+
+def test_the_samples_of_a_search_leave_no_sample_record():
+    """`n = 2` (the frontend's sample ids): each answers as alone; a
+    sub-search is no sample (its id has the form)."""
+    scheduler, driver = searches(False)
+    for request_id in ("0_s", "1_s"):
+        driver.add(make_request(scheduler, request_id, PROMPT, 400, EOS))
+    driver.run()
+    [(_, *alone)] = alone_output(False)
+    assert sorted(driver.outputs) == [("0_s", *alone), ("1_s", *alone)]
     assert_clean(scheduler)

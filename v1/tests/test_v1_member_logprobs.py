@@ -4,14 +4,19 @@
 (`vllm_sequence_hooks.member_logprobs`), model-free: rows as upstream's
 sampler makes them (as wide as the batch's largest request asked),
 read as upstream's frontend reads an output's, and a held root's output
-rows rebuilt from its entries.
+rows rebuilt from its entries; on the real scheduler, nothing kept
+outlives its member.
 """
 
 import numpy as np
 import pytest
 from vllm_sequence_hooks.member_logprobs import (MemberLogprobs,
                                                  output_logprob_rows)
+from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
+from sequence_hooks_testkit.v1_batch_queue import (FILLER, BatchQueueDriver,
+                                                   make_request,
+                                                   make_scheduler)
 from vllm import SamplingParams
 from vllm.logprobs import append_logprobs_for_next_position
 from vllm.v1.outputs import LogprobsLists
@@ -107,3 +112,40 @@ def test_entries_missing_a_rank_fall_back_to_the_sampled_token():
     assert got.logprob_token_ids[0, 0] == 5
     assert got.logprobs[0, 0] == -1.0
     assert frontend(got, 2)[0][5].logprob == -1.0
+
+
+def test_a_child_that_ends_in_its_root_s_last_step_leaves_nothing_kept(
+        tiny_model_path, hook_ids):
+    """A root that ends (no `<sync>`) in the step its child ends, its
+    output first: the child's output comes after its tree is gone, and
+    what the engine core kept for it goes too (it stayed for good)."""
+    scheduler = make_scheduler(SequenceHookScheduler,
+                               tiny_model_path,
+                               False,
+                               special_kwargs={
+                                   "sync_token_id": hook_ids.sync,
+                                   "promise_token_id": hook_ids.promise,
+                               })
+    end = 6
+
+    def sample(request_id: str, position: int) -> int:
+        # A child's position p is sampled in the step of its root's p + 1.
+        last = end - 1 if "/promise-" in request_id else end
+        if position == last:
+            return hook_ids.eos
+        return hook_ids.promise if position == 0 else FILLER
+
+    driver = BatchQueueDriver(scheduler, sample, depth=1)
+    driver.add(
+        make_request(scheduler,
+                     "r0", [FILLER] * 8,
+                     32,
+                     hook_ids.eos,
+                     logprobs=1))
+    driver.run()
+    # The root's end records its unfinished child aborted; the engine
+    # core had finished it in the same step, so no abort is sent.
+    [child] = driver.trees["r0"]["children"]
+    assert child["finish_reason"] == "abort"
+    assert scheduler.requests == {}
+    assert scheduler.hooks.member_logprobs.by_member == {}

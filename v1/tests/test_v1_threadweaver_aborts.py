@@ -59,20 +59,22 @@ def sample(scheduler):
             closed = len(context) - context[::-1].index(CLOSE_THREAD) - 1
             script, index = after_join, at - (closed + 1 + JOIN_SUFFIX)
         else:
-            script, index = root, at - request.num_prompt_tokens
+            script, index = root, at - len(PROMPT)
         return script[min(index, len(script) - 1)]
 
     return next_token
 
 
-def answers(async_scheduling: bool):
-    """A scheduler serving the scripted answer; its driver."""
+def answers(async_scheduling: bool, sampler=sample, **config):
+    """A scheduler serving the scripted answer (``sampler`` of it, as
+    `sample`; ``config``: `make_scheduler`'s); its driver."""
     scheduler = make_scheduler(SequenceHookScheduler,
                                MODEL,
                                async_scheduling,
-                               special_kwargs={"format": "threadweaver"})
+                               special_kwargs={"format": "threadweaver"},
+                               **config)
     driver = BatchQueueDriver(scheduler,
-                              sample(scheduler),
+                              sampler(scheduler),
                               depth=2 if async_scheduling else 1)
     return scheduler, driver
 
@@ -186,3 +188,56 @@ def test_an_aborted_answer_leaves_nothing_and_the_next_runs_as_alone(
                                       for _, new, reason in outputs]
     assert threads(driver.trees["r1"]) == threads(tree)
     assert_clean(scheduler)
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["unseeded", "seeded"])
+@pytest.mark.parametrize("async_scheduling", [False, True],
+                         ids=["sync", "async"])
+def test_outlines_with_no_room_for_a_thread_fork_none(async_scheduling,
+                                                      seeded):
+    """The outlines close where a thread's header leaves no token to
+    sample: no thread forks (its prefill would pass the window, with a
+    budget below one: the engine core died of it), and the answer goes
+    on, here to its EOS."""
+    header = TOKENIZER.encode("\n<Thread>\n1:", add_special_tokens=False)
+    window = len(PROMPT) + len(ids(ROOT)) - 1 + len(header)
+    scheduler, driver = answers(async_scheduling, max_model_len=window)
+    driver.add(request(scheduler, "r0", seeded))
+    driver.run()
+    assert [t for _, new, _ in driver.outputs for t in new] == ids(ROOT)
+    assert driver.outputs[-1][2] == "stop"
+    assert driver.trees["r0"]["children"] == []
+    assert_clean(scheduler)
+
+
+# Outlines with no label: a seeded root's next call is made anew at once.
+NO_LABEL = ("<Think>1<Parallel>\n<Outlines>\n<Outline>a: x</Outline>\n"
+            "</Outlines> 3 4 5 6 7")
+
+
+def no_label(scheduler):
+    """Greedy ``NO_LABEL``, one token a position, then EOS."""
+    script = ids(NO_LABEL)
+
+    def next_token(request_id: str, position: int) -> int:
+        # The index the sampled token takes (in-flight steps included).
+        at = scheduler.requests[request_id].num_computed_tokens
+        return script[min(at - len(PROMPT), len(script) - 1)]
+
+    return next_token
+
+
+def test_a_call_made_anew_at_the_first_outlines_waits_for_its_step():
+    """With async scheduling the step after the outlines is in flight when
+    they come back, scheduled before the tree began: the new call waits
+    for it as for any other, and the answer is the same as without."""
+    drivers = []
+    for async_scheduling in (False, True):
+        scheduler, driver = answers(async_scheduling, no_label)
+        driver.add(request(scheduler, "r0", seeded=True))
+        driver.run()
+        assert_clean(scheduler)
+        drivers.append(driver)
+    sync, overlapped = drivers
+    assert overlapped.outputs == sync.outputs and overlapped.overlapped > 0
+    assert [t for _, new, _ in sync.outputs for t in new] == ids(NO_LABEL)

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from vllm_sequence_hooks.member_logprobs import MemberLogprobs
-from vllm_sequence_hooks.restarts import CallRestarts, member_request
+from vllm_sequence_hooks.restarts import (CallRestarts, child_params,
+                                          member_request)
 from vllm_sequence_hooks.stop_strings import (StopStringChecks,
                                               check_root_stop_strings,
                                               frontend_text)
@@ -176,19 +177,26 @@ class SequenceHooks:
         """Requests upstream's `finish_requests` ends (an abort from
         outside, whoever asked): an aborted root takes its tree along."""
         for request_id in request_ids:
-            self.sample_trees.forget(request_id)
-            self.stop_strings.forget(request_id)
-            self.child_preemptions.forget(request_id)
-            self.restarts.forget(request_id)
-            self.member_logprobs.pop(request_id)
+            self._drop(request_id)
             if (self.coordinator.is_member(request_id)
                     and not self.coordinator.is_child(request_id)):
                 self._carry_out(self.coordinator.aborted(request_id), None)
                 self.scheduler.parking.forget(request_id)
 
+    def _drop(self, request_id: str) -> None:
+        """Drops what the hooks keep of an ended request."""
+        self.sample_trees.forget(request_id)
+        self.stop_strings.forget(request_id)
+        self.child_preemptions.forget(request_id)
+        self.restarts.forget(request_id)
+        self.member_logprobs.pop(request_id)
+
     def added(self, request_id: str) -> None:
         """A new request: notes the samples of `n > 1` requests; an event
-        for the coordinator (APR's trees start here)."""
+        for the coordinator (APR's trees start here). A member's new call
+        (a fresh child, a call made anew) is none."""
+        if self.coordinator.is_member(request_id):
+            return
         self.sample_trees.added(request_id)
         if not self.coordinator.trees_start_at_arrival:
             return
@@ -218,6 +226,9 @@ class SequenceHooks:
         if out.finish_reason is not None:
             if self.coordinator.is_member(request_id):
                 self.finish_member(request, str(out.finish_reason), step)
+            else:
+                # A child whose tree ended earlier in this step.
+                self._drop(request_id)
             return
         if not out.new_token_ids:
             return
@@ -297,22 +308,10 @@ class SequenceHooks:
             return
         parent = scheduler.requests[child.parent_id]
         context = list(parent.all_token_ids) + list(child.context_tokens)
-        params = parent.sampling_params.clone()
-        # Its prompt is the parent's context: no prompt logprobs. A new
-        # request seeds a new generator, from the child's own seed.
-        params.prompt_logprobs = None
-        params.max_tokens = (child.max_tokens if child.max_tokens is not None
-                             else scheduler.max_model_len - len(context))
-        params.min_tokens = child.min_tokens
-        params.seed = child.seed
-        if child.stop_token_ids:
-            # A format's branch ends (kept as its last token, which
-            # `check_stop` does for a stop id).
-            params.stop_token_ids = list(
-                dict.fromkeys(
-                    [*(params.stop_token_ids or ()), *child.stop_token_ids]))
-            params._all_stop_token_ids.update(child.stop_token_ids)
-        request = member_request(child.request_id, parent, context, params)
+        request = member_request(
+            child.request_id, parent, context,
+            child_params(parent, child,
+                         scheduler.max_model_len - len(context)))
         self.member_logprobs.keep(request)
         if child.stop:
             self.stop_strings.watch(request, len(context))

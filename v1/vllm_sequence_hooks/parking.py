@@ -58,7 +58,20 @@ class KvParking:
         unscheduled requests from it), and counting it could leave its own
         children waiting forever once parents fill the limit.
         """
-        return self.coordinator.num_parked()
+        return len(self._parked_requests())
+
+    def _parked_requests(self) -> dict[str, float]:
+        """The parked members this scheduler holds parked (`park`), with
+        when each was parked. A format may park a member whose call has
+        ended (APR's root while its sub-searches run): it has no request
+        here, and upstream never counted it."""
+        requests = self.scheduler.requests
+        return {
+            member_id: since
+            for member_id, since in self.coordinator.parked_members().items()
+            if member_id in requests and requests[member_id].status ==
+            RequestStatus.WAITING_FOR_STREAMING_REQ
+        }
 
     def park(self, request: Request) -> None:
         """Parks a running request as a streaming session between chunks.
@@ -146,7 +159,7 @@ class KvParking:
             return
         pool = scheduler.kv_cache_manager.block_pool
         for request_id in eviction_order(
-                self.coordinator.parked_members(), self.evicted,
+                self._parked_requests(), self.evicted,
                 self.coordinator.ancestors(candidate.request_id)):
             if pool.get_num_free_blocks() >= self._blocks_to_admit(candidate):
                 return

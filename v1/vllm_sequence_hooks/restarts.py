@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from vllm_sequence_hooks.member_logprobs import output_logprob_rows
 
+from sequence_hooks.actions import Fork
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import EngineCoreOutput, FinishReason
@@ -53,6 +54,36 @@ def member_request(request_id: str, like: Request, prompt: list[int],
                    block_hasher=like._block_hasher)
 
 
+def child_params(parent: Request, child: Fork, room: int) -> SamplingParams:
+    """A child's sampling parameters (`Fork`) on its parent's context.
+
+    Args:
+        parent: Its parent's request.
+        child: The coordinator's fork.
+        room: The context window left after its context.
+
+    Returns:
+        Its parameters: the parent's, with the fork's budget (else the
+        window left), minimum, seed and stop ids.
+    """
+    params = parent.sampling_params.clone()
+    # Its prompt is the parent's context: no prompt logprobs. A new
+    # request seeds a new generator, from the child's own seed.
+    params.prompt_logprobs = None
+    params.max_tokens = (child.max_tokens
+                         if child.max_tokens is not None else room)
+    params.min_tokens = child.min_tokens
+    params.seed = child.seed
+    if child.stop_token_ids:
+        # A format's branch ends (kept as its last token, which
+        # `check_stop` does for a stop id).
+        params.stop_token_ids = list(
+            dict.fromkeys(
+                [*(params.stop_token_ids or ()), *child.stop_token_ids]))
+        params._all_stop_token_ids.update(child.stop_token_ids)
+    return params
+
+
 class CallRestarts:
     """The held roots of one scheduler and their members' new calls.
 
@@ -74,8 +105,10 @@ class CallRestarts:
         self.templates: dict[str, Request] = {}
         # Roots whose outputs are held back.
         self.held: set[str] = set()
-        # Steps in flight per request id (counted while a tree that may
-        # restart lives: no cost without one).
+        # Steps in flight per request id. Counted for every request, tree
+        # or not: a request's first trigger may restart its call (a seeded
+        # ThreadWeaver fork with no branch) while the step scheduled before
+        # its tree started is in flight.
         self.in_flight: Counter = Counter()
         # New calls waiting for their old call's steps in flight.
         self.pending: dict[str, Request] = {}
@@ -120,14 +153,11 @@ class CallRestarts:
 
     def scheduled(self, scheduler_output: SchedulerOutput) -> None:
         """A step was scheduled: its requests' steps are in flight."""
-        if self.templates:
-            self.in_flight.update(scheduler_output.num_scheduled_tokens)
+        self.in_flight.update(scheduler_output.num_scheduled_tokens)
 
     def updated(self, scheduler_output: SchedulerOutput) -> None:
         """A step's output is in: its requests' steps are not in flight;
         new calls that waited for them start."""
-        if not (self.in_flight or self.pending):
-            return
         self.in_flight.subtract(scheduler_output.num_scheduled_tokens)
         self.in_flight = +self.in_flight
         for request_id in [r for r in self.pending if not self.in_flight[r]]:
@@ -153,6 +183,15 @@ class CallRestarts:
             out.finish_reason = (FinishReason.LENGTH
                                  if reason == "length" else FinishReason.STOP)
         self.forget(root_id)
+
+    def between_calls(self) -> list[Request]:
+        """The trees' roots with no request in the scheduler (their
+        sub-searches running, or a new call waiting for the old one's
+        steps in flight), as they arrived."""
+        return [
+            template for root_id, template in self.templates.items()
+            if root_id not in self.scheduler.requests
+        ]
 
     def template(self, root_id: str) -> Request:
         """A tree's root's request as it arrived."""

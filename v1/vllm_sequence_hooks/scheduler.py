@@ -118,14 +118,27 @@ class SequenceHookScheduler(Scheduler):
 
     def finish_requests(self, request_ids: Any,
                         finished_status: RequestStatus) -> list[Request]:
-        """Finishes as upstream; an aborted root takes its tree along."""
+        """Finishes as upstream; an aborted root takes its tree along.
+
+        Finishing all (``request_ids`` None: a pause that aborts, the
+        engine's fault handling) also finishes the roots between calls
+        (`CallRestarts.between_calls`), which hold no request here, and
+        returns them with the rest, so that their clients hear of it.
+        """
         if isinstance(request_ids, str):
             request_ids = (request_ids, )
-        if request_ids is not None:
-            request_ids = list(request_ids)
-        self.hooks.finishing(
-            list(self.requests if request_ids is None else request_ids))
-        return super().finish_requests(request_ids, finished_status)
+        between_calls = []
+        if request_ids is None:
+            between_calls = self.hooks.restarts.between_calls()
+            request_ids = [
+                *self.requests, *(r.request_id for r in between_calls)
+            ]
+        request_ids = list(request_ids)
+        self.hooks.finishing(request_ids)
+        finished = super().finish_requests(request_ids, finished_status)
+        for request in between_calls:
+            request.status = finished_status
+        return finished + between_calls
 
     def _get_local_prefix_cache_hit(self, request: Request, *args):
         """A new child's hit is its parent's computed context

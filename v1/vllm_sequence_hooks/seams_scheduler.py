@@ -45,7 +45,9 @@ SCHEDULER_SEAMS: tuple[Seam, ...] = (
         f"{_SCHED}.finish_requests", "overrides, calls",
         "an aborted root takes its tree along; members are stopped and "
         "aborted through it (one id, several or None; a parked session "
-        "is uncounted)", "never: aborts arrive here"),
+        "is uncounted); None also finishes, and returns, the format "
+        "roots between calls, which hold no request", "never: aborts "
+        "arrive here"),
     Seam(
         f"{_SCHED}.add_request", "overrides",
         "notes each sample of an `n > 1` request as it arrives (a new id "
