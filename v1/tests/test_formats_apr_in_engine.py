@@ -237,3 +237,34 @@ def test_over_the_api_the_engine_ends_with_the_controllers_trace(
                     for entry in node["logprobs"]
                 ]
             assert_logprobs_are_the_calls(tree, prefix, sampled)
+
+
+def test_over_the_api_the_prompt_s_logprobs_come_with_the_answer(
+        answers, served):
+    """`echo` with `logprobs` (which asks the prompt's logprobs) and
+    `prompt_logprobs`: every prompt token after the first has its
+    logprob, in both forms, before the answer's (a 500 before: the held
+    outputs kept them)."""
+    controller, _ = answers
+    prefix, search = PREFIXES[0], controller[0]
+    prompt = TOKENIZER.encode(BOS + prefix)
+    [choice], _ = choices(
+        served, "/v1/completions", {
+            "model": str(MODEL),
+            "prompt": BOS + prefix,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0.0,
+            "echo": True,
+            "logprobs": 1,
+            "prompt_logprobs": 1,
+        })
+    assert choice["text"] == BOS + search["trace"]
+    rows = choice["prompt_logprobs"]
+    assert len(rows) == len(prompt) and rows[0] is None
+    values = [
+        row[str(token)]["logprob"] for row, token in zip(rows[1:], prompt[1:])
+    ]
+    assert all(value <= 0.0 for value in values)
+    echoed = choice["logprobs"]["token_logprobs"]
+    assert echoed[0] is None
+    assert echoed[1:len(prompt)] == pytest.approx(values)

@@ -13,8 +13,10 @@ its end, and the scheduler left clean.
 
 import functools
 from pathlib import Path
+from typing import Optional
 
 import pytest
+import torch
 from transformers import AutoTokenizer
 from vllm_sequence_hooks.scheduler import (AsyncSequenceHookScheduler,
                                            SequenceHookScheduler)
@@ -26,6 +28,7 @@ from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
 from sequence_hooks_testkit.v1_engines import computed_tokens
+from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.request import RequestStatus
 
 # The APR toy's configuration and tokenizer (no weights are read).
@@ -314,4 +317,54 @@ def test_the_samples_of_a_search_leave_no_sample_record():
     driver.run()
     [(_, *alone)] = alone_output(False)
     assert sorted(driver.outputs) == [("0_s", *alone), ("1_s", *alone)]
+    assert_clean(scheduler)
+
+
+def prompt_logprob_rows(request, count: int) -> Optional[LogprobsTensors]:
+    """What a model runner gives for a step that computed ``count`` of
+    ``request``'s positions: the prompt's logprobs, whole, with the step
+    that ends its prefill (a row per position but the last: the logprob
+    of the token after it, -(position + 1) / 1000, rank 1); else None."""
+    prompt, end = request.prompt_token_ids, request.num_computed_tokens
+    if (request.sampling_params.prompt_logprobs is None
+            or not end - count < len(prompt) <= end):
+        return None
+    rows = range(len(prompt) - 1)
+    return LogprobsTensors(
+        torch.tensor([[prompt[p + 1], prompt[p + 1]] for p in rows]),
+        torch.tensor([[-(p + 1) / 1000] * 2 for p in rows]),
+        torch.tensor([1] * len(rows)))
+
+
+def test_a_search_s_prompt_logprobs_come_with_its_answer():
+    """The root's prompt logprobs come with its first call's first output,
+    held back: they go with its answer (without them the frontend gave
+    `[None]`, and completions with `echo` and `logprobs` a 500)."""
+    scheduler, driver = searches(False)
+    # A prefill in chunks of 10 tokens a step.
+    scheduler.max_num_scheduled_tokens = 10
+    assert len(PROMPT) > 20
+    update, ended = scheduler.update_from_output, []
+
+    def with_prompt_logprobs(output, runner_output):
+        for request_id, count in output.num_scheduled_tokens.items():
+            rows = prompt_logprob_rows(scheduler.requests[request_id], count)
+            if rows is not None:
+                runner_output.prompt_logprobs_dict[request_id] = rows
+        outputs = update(output, runner_output)
+        ended.extend(out for batch in outputs.values() for out in batch.outputs
+                     if out.finish_reason is not None)
+        return outputs
+
+    scheduler.update_from_output = with_prompt_logprobs
+    driver.add(
+        make_request(scheduler, "r0", PROMPT, 400, EOS, prompt_logprobs=1))
+    driver.run()
+    [(_, token_ids, _)] = driver.outputs
+    assert token_ids == alone_output(False)[0][1]
+    [out] = ended
+    rows = out.new_prompt_logprobs_tensors
+    assert rows.logprob_token_ids[:, 0].tolist() == PROMPT[1:]
+    assert rows.logprobs[:, 0].tolist() == pytest.approx(
+        [-(p + 1) / 1000 for p in range(len(PROMPT) - 1)])
     assert_clean(scheduler)

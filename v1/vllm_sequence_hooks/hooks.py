@@ -154,13 +154,8 @@ class SequenceHooks:
             for out in outputs.outputs:
                 if out.request_id in children:
                     self.child_preemptions.hold(children[out.request_id], out)
-            # Nor do held roots before their end (a set lookup per output,
-            # no call: this runs every step a tree lives).
-            held = self.restarts.held
-            outputs.outputs = [
-                out for out in outputs.outputs if
-                out.request_id not in children and out.request_id not in held
-            ]
+            # Nor do held roots before their end.
+            outputs.outputs = self.restarts.shown(outputs.outputs, children)
         for client_index, outputs in step.extra.items():
             engine_outputs.setdefault(
                 client_index, EngineCoreOutputs()).outputs.extend(outputs)

@@ -16,6 +16,7 @@ A root whose outputs are held never reaches the frontend before its
 """
 
 from collections import Counter
+from collections.abc import Container
 from typing import Any, Callable, Optional
 
 from vllm_sequence_hooks.member_logprobs import output_logprob_rows
@@ -112,6 +113,10 @@ class CallRestarts:
         self.in_flight: Counter = Counter()
         # New calls waiting for their old call's steps in flight.
         self.pending: dict[str, Request] = {}
+        # Per held root, its prompt's logprobs (`LogprobsTensors`: the
+        # model runner gives them whole with the first sampled token, in
+        # an output held back).
+        self.prompt_logprobs: dict[str, Any] = {}
 
     def started(self, root_id: str, holds_output: bool) -> None:
         """A tree started (`StartTree`): its root's request is its calls'
@@ -163,6 +168,28 @@ class CallRestarts:
         for request_id in [r for r in self.pending if not self.in_flight[r]]:
             self.scheduler.add_request(self.pending.pop(request_id))
 
+    def shown(self, outputs: list[EngineCoreOutput],
+              children: Container[str]) -> list[EngineCoreOutput]:
+        """A step's outputs the frontend gets: none of ``children``, none
+        of a held root (what it carries of its prompt is kept).
+
+        Args:
+            outputs: The step's outputs of one client.
+            children: The ids of children.
+
+        Returns:
+            The outputs shown.
+        """
+        shown = []
+        for out in outputs:
+            if out.request_id in self.held:
+                if out.new_prompt_logprobs_tensors is not None:
+                    self.prompt_logprobs[out.request_id] = (
+                        out.new_prompt_logprobs_tensors)
+            elif out.request_id not in children:
+                shown.append(out)
+        return shown
+
     def release(self, root_id: str, output_token_ids: tuple[int, ...],
                 out: EngineCoreOutput, reason: Optional[str],
                 logprobs: Optional[list]) -> None:
@@ -179,6 +206,9 @@ class CallRestarts:
         asked = self.templates[root_id].sampling_params.num_logprobs
         out.new_logprobs = None if asked is None else output_logprob_rows(
             out.new_token_ids, logprobs, asked)
+        if out.new_prompt_logprobs_tensors is None:
+            # (Not None: the root ends at its first sampled token.)
+            out.new_prompt_logprobs_tensors = self.prompt_logprobs.get(root_id)
         if out.finish_reason is None:
             out.finish_reason = (FinishReason.LENGTH
                                  if reason == "length" else FinishReason.STOP)
@@ -202,3 +232,4 @@ class CallRestarts:
         self.templates.pop(member_id, None)
         self.held.discard(member_id)
         self.pending.pop(member_id, None)
+        self.prompt_logprobs.pop(member_id, None)

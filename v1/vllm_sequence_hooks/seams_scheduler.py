@@ -240,6 +240,13 @@ SCHEDULER_SEAMS: tuple[Seam, ...] = (
         "node; merged tokens' rows and a held root's whole output's are "
         "built (the first three fields)", "never: the outputs' logprobs form"),
     Seam(
+        "vllm.v1.engine:EngineCoreOutput.new_prompt_logprobs_tensors",
+        "reads, writes",
+        "a held root's outputs are held back: its prompt logprobs (whole in "
+        "one output, as upstream's model runner gives them with the first "
+        "sampled token) go with its whole output",
+        "never: the scheduler's outputs"),
+    Seam(
         "vllm.v1.outputs:LogprobsLists.slice_request", "calls",
         "a root stopped inside a merge keeps the rows of the tokens up to "
         "the stop, as vLLM 0.32's frontend cuts them", STOP_STRINGS),
