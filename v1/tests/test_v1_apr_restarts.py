@@ -368,3 +368,26 @@ def test_a_search_s_prompt_logprobs_come_with_its_answer():
     assert rows.logprobs[:, 0].tolist() == pytest.approx(
         [-(p + 1) / 1000 for p in range(len(PROMPT) - 1)])
     assert_clean(scheduler)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True],
+                         ids=["sync", "async"])
+def test_a_sub_search_ended_with_an_error_has_no_solution(async_scheduling):
+    """Upstream ends a sub-search with an error (here a lost encoder
+    input; a KV load that failed is the same path) while its root holds
+    no request: the error's output is its end, "error" in the tree, and
+    the search goes on with it as a call with no solution."""
+    scheduler, driver = searches(async_scheduling)
+    driver.add(make_request(scheduler, "r0", PROMPT, 400, EOS))
+    stage = "sub-searches running"
+    driver.run_until(STAGES[stage], stage)
+    assert "r0" not in scheduler.requests
+    scheduler.encoder_cache_mismatch_reqs.add("r0/promise-1")
+    driver.run()
+    [(request_id, token_ids, reason)] = driver.outputs
+    assert (request_id, reason) == ("r0", "stop")
+    assert "<No Solution in Sub Search 1 at level 1 at Node #0,1>" in (
+        TOKENIZER.decode(token_ids))
+    assert [c["finish_reason"]
+            for c in driver.trees["r0"]["children"]] == ["stop", "error"]
+    assert_clean(scheduler)

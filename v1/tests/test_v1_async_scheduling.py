@@ -200,3 +200,31 @@ def test_the_pipeline_overlaps_as_with_stock_async_scheduler(
     else:
         assert (ours.overlapped, ours.steps) == (stock.overlapped, stock.steps)
         assert tokens_by_request(ours) == tokens_by_request(stock)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True],
+                         ids=["sync", "async"])
+def test_a_child_ended_with_an_error_is_merged_as_it_stands(
+        tiny_model_path, hook_ids, special_kwargs, async_scheduling):
+    """Upstream ends a child with an error (here a lost encoder input; a
+    KV load that failed is the same path) while its parent is parked: the
+    error's output is the child's end, "error" in the tree, and its parent
+    resumes with what it wrote (it does not wait for ever)."""
+    scheduler = make_scheduler(SequenceHookScheduler,
+                               tiny_model_path,
+                               async_scheduling,
+                               special_kwargs=special_kwargs)
+    driver = BatchQueueDriver(scheduler,
+                              tree_sampler(hook_ids, child_len=12),
+                              depth=2 if async_scheduling else 1)
+    prompt = [FILLER + 1 + j % 5 for j in range(PROMPT_LEN)]
+    driver.add(make_request(scheduler, "r0", prompt, 64, hook_ids.eos))
+    driver.run_until(lambda s: scheduler.hooks.coordinator.num_parked() == 1,
+                     "the parent parked")
+    scheduler.encoder_cache_mismatch_reqs.add("r0/promise-0")
+    driver.run()
+    assert {request_id for request_id, _, _ in driver.outputs} == {"r0"}
+    assert driver.outputs[-1][2] == "stop"
+    assert [c["finish_reason"]
+            for c in driver.trees["r0"]["children"]] == ["error", "stop"]
+    assert_scheduler_clean(scheduler)
