@@ -13,7 +13,6 @@ its end, and the scheduler left clean.
 
 import functools
 from pathlib import Path
-from typing import Optional
 
 import pytest
 import torch
@@ -320,37 +319,39 @@ def test_the_samples_of_a_search_leave_no_sample_record():
     assert_clean(scheduler)
 
 
-def prompt_logprob_rows(request, count: int) -> Optional[LogprobsTensors]:
-    """What a model runner gives for a step that computed ``count`` of
-    ``request``'s positions: the prompt's logprobs, whole, with the step
-    that ends its prefill (a row per position but the last: the logprob
-    of the token after it, -(position + 1) / 1000, rank 1); else None."""
+def prompt_scores(runner_output, request, count: int) -> None:
+    """Adds to ``runner_output`` what a model runner gives for a step that
+    computed ``count`` of ``request``'s positions: with the step that ends
+    its prefill, its prompt's logprobs, whole (a row per position but the
+    last: the logprob of the token after it, -(position + 1) / 1000, rank
+    1), and its scores of `prompt_logprob_token_ids` (the same values),
+    as asked."""
     prompt, end = request.prompt_token_ids, request.num_computed_tokens
-    if (request.sampling_params.prompt_logprobs is None
-            or not end - count < len(prompt) <= end):
-        return None
+    if not end - count < len(prompt) <= end:
+        return
     rows = range(len(prompt) - 1)
-    return LogprobsTensors(
-        torch.tensor([[prompt[p + 1], prompt[p + 1]] for p in rows]),
-        torch.tensor([[-(p + 1) / 1000] * 2 for p in rows]),
-        torch.tensor([1] * len(rows)))
+    values = torch.tensor([[-(p + 1) / 1000] * 2 for p in rows])
+    params, request_id = request.sampling_params, request.request_id
+    if params.prompt_logprobs is not None:
+        runner_output.prompt_logprobs_dict[request_id] = LogprobsTensors(
+            torch.tensor([[prompt[p + 1]] * 2 for p in rows]), values,
+            torch.tensor([1] * len(rows)))
+    if params.prompt_logprob_token_ids is not None:
+        runner_output.prompt_token_id_logprobs_dict[request_id] = values
 
 
 def test_a_search_s_prompt_logprobs_come_with_its_answer():
-    """The root's prompt logprobs come with its first call's first output,
-    held back: they go with its answer (without them the frontend gave
-    `[None]`, and completions with `echo` and `logprobs` a 500)."""
+    """The root's prompt logprobs (both kinds) come with its first call's
+    first output, held back: they go with its answer (without them the
+    frontend gave `[None]`, and completions with `echo` and `logprobs` a
+    500). Its later calls ask none, and read the prefix cache: they
+    compute what they compute without them."""
     scheduler, driver = searches(False)
-    # A prefill in chunks of 10 tokens a step.
-    scheduler.max_num_scheduled_tokens = 10
-    assert len(PROMPT) > 20
     update, ended = scheduler.update_from_output, []
 
     def with_prompt_logprobs(output, runner_output):
         for request_id, count in output.num_scheduled_tokens.items():
-            rows = prompt_logprob_rows(scheduler.requests[request_id], count)
-            if rows is not None:
-                runner_output.prompt_logprobs_dict[request_id] = rows
+            prompt_scores(runner_output, scheduler.requests[request_id], count)
         outputs = update(output, runner_output)
         ended.extend(out for batch in outputs.values() for out in batch.outputs
                      if out.finish_reason is not None)
@@ -358,15 +359,26 @@ def test_a_search_s_prompt_logprobs_come_with_its_answer():
 
     scheduler.update_from_output = with_prompt_logprobs
     driver.add(
-        make_request(scheduler, "r0", PROMPT, 400, EOS, prompt_logprobs=1))
-    driver.run()
+        make_request(scheduler,
+                     "r0",
+                     PROMPT,
+                     400,
+                     EOS,
+                     prompt_logprobs=1,
+                     prompt_logprob_token_ids=[[7, 8]] * (len(PROMPT) - 1)))
+    with computed_tokens(scheduler) as log:
+        driver.run()
     [(_, token_ids, _)] = driver.outputs
-    assert token_ids == alone_output(False)[0][1]
+    _, alone, alone_log = run(False)
+    assert token_ids == alone.outputs[0][1]
+    assert sorted(log) == sorted(alone_log)
     [out] = ended
+    expected = [-(p + 1) / 1000 for p in range(len(PROMPT) - 1)]
     rows = out.new_prompt_logprobs_tensors
     assert rows.logprob_token_ids[:, 0].tolist() == PROMPT[1:]
-    assert rows.logprobs[:, 0].tolist() == pytest.approx(
-        [-(p + 1) / 1000 for p in range(len(PROMPT) - 1)])
+    assert rows.logprobs[:, 0].tolist() == pytest.approx(expected)
+    assert out.prompt_token_id_logprobs[:,
+                                        0].tolist() == pytest.approx(expected)
     assert_clean(scheduler)
 
 

@@ -172,19 +172,15 @@ class SequenceHooks:
         """Requests upstream's `finish_requests` ends (an abort from
         outside, whoever asked): an aborted root takes its tree along."""
         for request_id in request_ids:
-            self._drop(request_id)
+            self.sample_trees.forget(request_id)
+            self.stop_strings.forget(request_id)
+            self.child_preemptions.forget(request_id)
+            self.restarts.forget(request_id)
+            self.member_logprobs.pop(request_id)
             if (self.coordinator.is_member(request_id)
                     and not self.coordinator.is_child(request_id)):
                 self._carry_out(self.coordinator.aborted(request_id), None)
                 self.scheduler.parking.forget(request_id)
-
-    def _drop(self, request_id: str) -> None:
-        """Drops what the hooks keep of an ended request."""
-        self.sample_trees.forget(request_id)
-        self.stop_strings.forget(request_id)
-        self.child_preemptions.forget(request_id)
-        self.restarts.forget(request_id)
-        self.member_logprobs.pop(request_id)
 
     def added(self, request_id: str) -> None:
         """A new request: notes the samples of `n > 1` requests; an event
@@ -223,7 +219,8 @@ class SequenceHooks:
                 self.finish_member(request, str(out.finish_reason), step)
             else:
                 # A child whose tree ended earlier in this step.
-                self._drop(request_id)
+                self.member_logprobs.pop(request_id)
+                self.stop_strings.forget(request_id)
             return
         if not out.new_token_ids:
             return

@@ -55,6 +55,24 @@ def member_request(request_id: str, like: Request, prompt: list[int],
                    block_hasher=like._block_hasher)
 
 
+def later_call(params: SamplingParams) -> SamplingParams:
+    """A request's parameters for a member's call after its first, whose
+    prompt is (or ends) the member's context: no prompt logprobs (they
+    were the request's prompt's), nor the prefix-cache skip they set (the
+    cache holds that context).
+
+    Args:
+        params: A copy of the request's parameters, changed in place.
+
+    Returns:
+        ``params``.
+    """
+    params.prompt_logprobs = None
+    params.prompt_logprob_token_ids = None
+    params.skip_reading_prefix_cache = False
+    return params
+
+
 def child_params(parent: Request, child: Fork, room: int) -> SamplingParams:
     """A child's sampling parameters (`Fork`) on its parent's context.
 
@@ -67,10 +85,9 @@ def child_params(parent: Request, child: Fork, room: int) -> SamplingParams:
         Its parameters: the parent's, with the fork's budget (else the
         window left), minimum, seed and stop ids.
     """
-    params = parent.sampling_params.clone()
-    # Its prompt is the parent's context: no prompt logprobs. A new
-    # request seeds a new generator, from the child's own seed.
-    params.prompt_logprobs = None
+    # Its prompt is the parent's context. A new request seeds a new
+    # generator, from the child's own seed.
+    params = later_call(parent.sampling_params.clone())
     params.max_tokens = (child.max_tokens
                          if child.max_tokens is not None else room)
     params.min_tokens = child.min_tokens
@@ -113,10 +130,10 @@ class CallRestarts:
         self.in_flight: Counter = Counter()
         # New calls waiting for their old call's steps in flight.
         self.pending: dict[str, Request] = {}
-        # Per held root, its prompt's logprobs (`LogprobsTensors`: the
-        # model runner gives them whole with the first sampled token, in
-        # an output held back).
-        self.prompt_logprobs: dict[str, Any] = {}
+        # Per held root, its prompt's logprobs (`new_prompt_logprobs_tensors`
+        # and `prompt_token_id_logprobs`: upstream gives them whole with the
+        # first sampled token, in an output held back).
+        self.prompt_logprobs: dict[str, tuple[Any, Any]] = {}
 
     def started(self, root_id: str, holds_output: bool) -> None:
         """A tree started (`StartTree`): its root's request is its calls'
@@ -137,8 +154,7 @@ class CallRestarts:
         ``max_tokens`` (None: the root's, one call's budget), within the
         context window."""
         template = self.templates[root_id]
-        params = template.sampling_params.clone()
-        params.prompt_logprobs = None
+        params = later_call(template.sampling_params.clone())
         params.max_tokens = min(
             template.max_tokens if max_tokens is None else max_tokens,
             self.scheduler.max_model_len - len(prompt))
@@ -183,9 +199,11 @@ class CallRestarts:
         shown = []
         for out in outputs:
             if out.request_id in self.held:
-                if out.new_prompt_logprobs_tensors is not None:
+                if (out.new_prompt_logprobs_tensors is not None
+                        or out.prompt_token_id_logprobs is not None):
                     self.prompt_logprobs[out.request_id] = (
-                        out.new_prompt_logprobs_tensors)
+                        out.new_prompt_logprobs_tensors,
+                        out.prompt_token_id_logprobs)
             elif out.request_id not in children:
                 shown.append(out)
         return shown
@@ -206,9 +224,12 @@ class CallRestarts:
         asked = self.templates[root_id].sampling_params.num_logprobs
         out.new_logprobs = None if asked is None else output_logprob_rows(
             out.new_token_ids, logprobs, asked)
-        if out.new_prompt_logprobs_tensors is None:
-            # (Not None: the root ends at its first sampled token.)
-            out.new_prompt_logprobs_tensors = self.prompt_logprobs.get(root_id)
+        kept = self.prompt_logprobs.get(root_id)
+        if kept is not None:
+            # (None kept: none asked, or the root ends at its first sampled
+            # token, whose output has them.)
+            (out.new_prompt_logprobs_tensors,
+             out.prompt_token_id_logprobs) = kept
         if out.finish_reason is None:
             out.finish_reason = (FinishReason.LENGTH
                                  if reason == "length" else FinishReason.STOP)

@@ -240,12 +240,11 @@ SCHEDULER_SEAMS: tuple[Seam, ...] = (
         "node; merged tokens' rows and a held root's whole output's are "
         "built (the first three fields)", "never: the outputs' logprobs form"),
     Seam(
-        "vllm.v1.engine:EngineCoreOutput.new_prompt_logprobs_tensors",
-        "reads, writes",
+        "vllm.v1.engine:EngineCoreOutput.{new_prompt_logprobs_tensors,"
+        "prompt_token_id_logprobs}", "reads, writes",
         "a held root's outputs are held back: its prompt logprobs (whole in "
-        "one output, as upstream's model runner gives them with the first "
-        "sampled token) go with its whole output",
-        "never: the scheduler's outputs"),
+        "one output, as upstream gives them with the first sampled token) "
+        "go with its whole output", "never: the scheduler's outputs"),
     Seam(
         "vllm.v1.outputs:LogprobsLists.slice_request", "calls",
         "a root stopped inside a merge keeps the rows of the tokens up to "
@@ -304,9 +303,12 @@ SCHEDULER_SEAMS: tuple[Seam, ...] = (
          "a child's parameters; a text without stop strings", PUBLIC_API),
     Seam(
         "vllm.sampling_params:SamplingParams.{stop,seed,min_tokens,"
-        "max_tokens,logprobs,num_logprobs,prompt_logprobs,stop_token_ids,"
+        "max_tokens,logprobs,num_logprobs,prompt_logprobs,"
+        "prompt_logprob_token_ids,skip_reading_prefix_cache,stop_token_ids,"
         "skip_special_tokens}", "reads, writes",
-        "a child's seed, budget and minimum, no prompt logprobs; stop "
+        "a child's seed, budget and minimum; no prompt logprobs for a "
+        "member's call after its first (nor the prefix-cache skip they "
+        "set: its prompt is its context, which the cache holds); stop "
         "strings; whether and how many logprobs are kept (`num_logprobs`, "
         "as the frontend counts them); a format's branch stops at its "
         "end tag; a concluded root's text as the frontend decodes it",
