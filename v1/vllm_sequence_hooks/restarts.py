@@ -56,10 +56,10 @@ def member_request(request_id: str, like: Request, prompt: list[int],
 
 
 def later_call(params: SamplingParams) -> SamplingParams:
-    """A request's parameters for a member's call after its first, whose
-    prompt is (or ends) the member's context: no prompt logprobs (they
-    were the request's prompt's), nor the prefix-cache skip they set (the
-    cache holds that context).
+    """A request's parameters for a call the hooks make (a child, a call
+    made anew), whose prompt is a tree's context, not the request's
+    prompt: no prompt logprobs (they are the request's prompt's), nor the
+    prefix-cache skip they set (the cache holds that context).
 
     Args:
         params: A copy of the request's parameters, changed in place.
