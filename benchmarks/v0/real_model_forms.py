@@ -19,8 +19,8 @@ country: of the conclusion (its capital exactly right) and of the item
 sentences (the sentence about the country names its capital exactly).
 Prints a table, writes JSON.
 
-Usage: PYTHONPATH=models/research .venv/bin/python
-    benchmarks/real_model_forms.py
+Usage: PYTHONPATH=training/research .venv/bin/python
+    benchmarks/v0/real_model_forms.py
     [--ks 2 4 8] [--tasks 6] [--out real_model_forms.json]
 """
 

@@ -4,7 +4,7 @@
 
 The engine-neutral part, shared by the V0 fork, the V1 plugin and the
 client-side join: the configuration users give (`SpecialKwargs`), the
-lifecycle every engine runs (`lifecycle.PromiseCoordinator`, which
+lifecycle every engine runs (`lifecycle.Coordinator`, which
 answers each event with `actions` for the engine to carry out), what
 schedulers put first (`ordering`: both hand it their queues), the tree
 users get back (`PromiseNode`), flattened for training
@@ -12,12 +12,14 @@ users get back (`PromiseNode`), flattened for training
 """
 
 from sequence_hooks.actions import EngineQueries, child_request_id
-from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.formats import Format, register_format
+from sequence_hooks.lifecycle import Coordinator, FormatPolicy
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.training_records import SequenceRecord, training_records
 from sequence_hooks.tree import PromiseNode
 
 __all__ = [
-    "EngineQueries", "PromiseCoordinator", "PromiseNode", "SequenceRecord",
-    "SpecialKwargs", "child_request_id", "training_records"
+    "Coordinator", "EngineQueries", "Format", "FormatPolicy", "PromiseNode",
+    "SequenceRecord", "SpecialKwargs", "child_request_id", "register_format",
+    "training_records"
 ]

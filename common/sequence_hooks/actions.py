@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """What an engine and the promise/sync lifecycle tell each other.
 
-The lifecycle (`sequence_hooks.lifecycle.PromiseCoordinator`) is a
+The lifecycle (`sequence_hooks.lifecycle.Coordinator`) is a
 "sans-IO" core, as h11 and h2 are for HTTP: an engine feeds it events and
 gets back a list of actions, plain values it carries out where it already
 holds its step's context. The coordinator never calls into an engine to
@@ -110,7 +110,7 @@ class MemberResult:
 @dataclass(frozen=True)
 class StartTree:
     """A request's first promise made it a tree's root: from now on the
-    engine reports its finish (`PromiseCoordinator.finished`)."""
+    engine reports its finish (`Coordinator.finished`)."""
 
     root_id: str
     # The tree's live record, which an engine may read for its outputs

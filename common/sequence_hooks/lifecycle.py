@@ -1,18 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The promise/sync lifecycle, written once for every engine.
+"""The lifecycle of fork/join trees, written once for every engine and
+every format.
 
-`PromiseCoordinator` owns every decision of a promise tree's life. It is a
-"sans-IO" core (`sequence_hooks.actions`): an engine feeds it events and
-carries out the actions each returns, in order, where it already holds its
-step's context; the engine's side does only that engine's mechanics (how
-a fork shares KV, how a park keeps blocks, how a resume prefills). The V0
-fork, the V1 plugin and the client-side join each carry them out.
+`Coordinator` owns every record of a tree's life. It is a "sans-IO" core
+(`sequence_hooks.actions`): an engine feeds it events and carries out the
+actions each returns, in order, where it already holds its step's
+context; the engine's side does only that engine's mechanics (how a fork
+shares KV, how a park keeps blocks, how a resume prefills). The V0 fork,
+the V1 plugin and the client-side join each carry them out.
 
-Events: `sampled` (a member's last token, which may be `promise` or
-`sync`), `finished` and `aborted`, each returning its actions (the table:
-docs/architecture.md). Queries: which outputs a user sees (`is_child`),
-what a scheduler should put first (`on_critical_path`).
+What a format decides (which token forks, what a join appends) is its
+`FormatPolicy`, which the coordinator composes: the policy reads the
+events and answers with the coordinator's transitions (`track_root`,
+`fork`, `park`, `take_finished_children`, `end` ...); the coordinator
+keeps the records, aborts trees and reports them. Formats are plug-ins
+(`sequence_hooks.formats`); promise/sync is one of them.
+
+Events: `arrived`, `sampled`, `finished` and `aborted`, each returning its
+actions (the table: docs/architecture.md). Queries: which outputs a user
+sees (`is_child`), what a scheduler should put first
+(`on_critical_path`).
 
 Positions: an event's ``length`` is the member's whole token count (its
 context and own tokens, the sampled token included), in one consistent
@@ -27,21 +35,113 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Abort, Action,
-                                    EngineQueries, Fork, MemberResult, Park,
-                                    ReportTree, RequestParams, Resume,
-                                    StartTree, child_request_id, derive_seed)
+from sequence_hooks.actions import (Abort, Action, EngineQueries, Fork,
+                                    MemberResult, Park, ReportTree,
+                                    RequestParams, child_request_id)
+from sequence_hooks.formats import FormatSetting, format_named
 from sequence_hooks.members import Member, TreeRecord
 from sequence_hooks.metrics import NoMetrics
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.texts import merged_text, without_hook_tokens
+from sequence_hooks.texts import without_hook_tokens
 from sequence_hooks.tree import LiveNode, LiveTree
 
 
-class PromiseCoordinator:
-    """Every promise/sync decision of one engine's trees.
+class FormatPolicy:
+    """A format's decisions, which a `Coordinator` composes: each event's
+    answer, built from the coordinator's transitions. This base answers
+    as a format that forks nothing; a format overrides what it decides.
 
     Args:
+        coordinator: The coordinator it decides for.
+    """
+
+    # The token whose sampling may start a tree (an engine's hot path
+    # looks for no other); None: any.
+    forking_token_id: Optional[int] = None
+    # Whether every request is a tree's root from its arrival (the
+    # engine then reports it: `arrived`).
+    trees_start_at_arrival = False
+
+    def __init__(self, coordinator: "Coordinator") -> None:
+        self.coordinator = coordinator
+
+    def arrived(self, member_id: str, prompt_token_ids: list[int],
+                params: RequestParams) -> list[Action]:
+        """A request arrived (engines report arrivals only to a policy
+        with `trees_start_at_arrival`).
+
+        Args:
+            member_id: Its request id.
+            prompt_token_ids: Its prompt.
+            params: Its parameters.
+
+        Returns:
+            The actions to carry out, in order.
+        """
+        return []
+
+    def sampled(self, member_id: str, token_id: int, length: int,
+                params: Callable[[], RequestParams]) -> list[Action]:
+        """A member sampled ``token_id``.
+
+        Args:
+            member_id: The sampling member (any request the first time).
+            token_id: The token it sampled last.
+            length: Its token count, the token included.
+            params: Reads its request's parameters (for a new root).
+
+        Returns:
+            The actions to carry out, in order.
+        """
+        return []
+
+    def finished(self, member_id: str, reason: str,
+                 result: MemberResult) -> list[Action]:
+        """A member of a live tree finished (`Coordinator.end` records
+        it; a format whose members make several calls decides here
+        whether this is its end).
+
+        Args:
+            member_id: The member.
+            reason: "stop", "length" or the engine's other reasons.
+            result: What it produced.
+
+        Returns:
+            The actions to carry out, in order.
+        """
+        return self.coordinator.end(member_id, reason, result)
+
+    def children_done(self, member: Member, length: int) -> list[Action]:
+        """Every child a parked member waits for has finished: its join.
+
+        Args:
+            member: The parked member.
+            length: Its token count when it was parked.
+
+        Returns:
+            The actions to carry out, in order.
+        """
+        return []
+
+    def own_start(self, member_id: str) -> Optional[int]:
+        """Where a member's current call's own tokens start, if the
+        policy moves it (a call made anew); None: where it began."""
+        return None
+
+    def forget(self, member: Member) -> None:
+        """A tree ended: drops what the policy kept for it.
+
+        Args:
+            member: A member of the tree.
+        """
+
+
+class Coordinator:
+    """Every record of one engine's trees, in one format.
+
+    Args:
+        policy: Makes the format's policy for this coordinator
+            (``policy(coordinator)``).
         special_kwargs: The hook configuration, resolved to ids.
         queries: What the coordinator asks the engine (read-only).
         max_model_len: The engine's longest sequence.
@@ -49,16 +149,12 @@ class PromiseCoordinator:
         metrics: `SequenceHookMetrics` to update; None: none.
     """
 
-    # Whether every request is a tree's root from its arrival (the
-    # engine then reports it: `arrived`); here a tree starts at its first
-    # promise.
-    trees_start_at_arrival = False
-
     def __init__(self,
+                 policy: Callable[["Coordinator"], FormatPolicy],
                  special_kwargs: SpecialKwargs,
                  queries: EngineQueries,
                  max_model_len: int,
-                 hook_token_strings: Sequence[str],
+                 hook_token_strings: Sequence[str] = (),
                  metrics=None):
         self.special_kwargs = special_kwargs
         self.queries = queries
@@ -70,38 +166,57 @@ class PromiseCoordinator:
         self._members: dict[str, Member] = {}
         # When each parked member was parked, by request id.
         self._parked: dict[str, float] = {}
+        self.policy = policy(self)
 
     @classmethod
-    def for_tokenizer(cls,
-                      special_kwargs: SpecialKwargs,
-                      queries: EngineQueries,
-                      max_model_len: int,
-                      tokenizer: Any,
-                      metrics=None) -> "PromiseCoordinator":
-        """The coordinator of an engine whose tokenizer spells the hook
-        tokens (a Hugging Face tokenizer: `convert_ids_to_tokens`).
+    def for_format(cls,
+                   special_kwargs: SpecialKwargs,
+                   queries: EngineQueries,
+                   max_model_len: int,
+                   tokenizer: Any,
+                   metrics=None) -> "Coordinator":
+        """The coordinator of an engine's trees in its configured format
+        (`sequence_hooks.formats`).
 
         Args:
-            special_kwargs: The hook configuration, resolved to ids.
+            special_kwargs: The hook configuration, resolved to ids (its
+                ``format`` checked at start: `checked_special_kwargs`).
             queries: What the coordinator asks the engine (read-only).
             max_model_len: The engine's longest sequence.
-            tokenizer: The engine's tokenizer.
+            tokenizer: The engine's (Hugging Face) tokenizer: it spells
+                the hook tokens, and the format reads its tags with it.
             metrics: The hook metrics (`SequenceHookMetrics`), if exported.
 
         Returns:
-            The coordinator.
+            The coordinator, its format's policy composed.
         """
+        fmt = format_named(special_kwargs.format)
+        setting = FormatSetting(
+            special_kwargs, fmt.read_options(special_kwargs.format_options),
+            special_kwargs.tags, tokenizer, max_model_len)
+        hook_ids = sorted(special_kwargs.hook_token_ids)
         return cls(
+            lambda coordinator: fmt.policy(coordinator, setting),
             special_kwargs, queries, max_model_len,
-            tokenizer.convert_ids_to_tokens(
-                sorted(special_kwargs.hook_token_ids)), metrics)
+            tokenizer.convert_ids_to_tokens(hook_ids) if hook_ids else (),
+            metrics)
 
     # Queries.
 
     @property
     def forking_token_id(self) -> Optional[int]:
-        """The token whose sampling may start a tree (`<promise>`)."""
-        return self.special_kwargs.promise_token_id
+        """The token whose sampling may start a tree."""
+        return self.policy.forking_token_id
+
+    @property
+    def trees_start_at_arrival(self) -> bool:
+        """Whether every request is a tree's root from its arrival (the
+        engine then reports it: `arrived`)."""
+        return self.policy.trees_start_at_arrival
+
+    def member(self, member_id: str) -> Optional[Member]:
+        """The record of a live tree's member; None if none."""
+        return self._members.get(member_id)
 
     def tree_of(self, member_id: str) -> Optional[LiveTree]:
         """The live tree ``member_id`` belongs to; None if none."""
@@ -152,8 +267,9 @@ class PromiseCoordinator:
         return member is not None and member.node.is_finished
 
     def own_start(self, member_id: str) -> int:
-        """Where a live member's own tokens start (its length then)."""
-        return self._members[member_id].start
+        """Where a live member's current call's own tokens start."""
+        start = self.policy.own_start(member_id)
+        return self._members[member_id].start if start is None else start
 
     def on_critical_path(self, member_id: str) -> bool:
         """Whether a member is work its request is waiting for: a child
@@ -174,101 +290,200 @@ class PromiseCoordinator:
 
     # Events.
 
+    def arrived(self, member_id: str, prompt_token_ids: list[int],
+                params: RequestParams) -> list[Action]:
+        """A request arrived (reported only if `trees_start_at_arrival`).
+
+        Args:
+            member_id: Its request id.
+            prompt_token_ids: Its prompt.
+            params: Its parameters.
+
+        Returns:
+            The actions to carry out, in order.
+        """
+        return self.policy.arrived(member_id, prompt_token_ids, params)
+
     def sampled(self, member_id: str, token_id: int, length: int,
                 params: Callable[[], RequestParams]) -> list[Action]:
-        """A member sampled ``token_id``: `<promise>` and `<sync>` are the
-        events `promise` and `sync`, any other token is none.
+        """A member sampled ``token_id``: the format's event, if any.
 
         Args:
             member_id: The sampling member (any request the first time).
             token_id: The token it sampled last.
             length: Its token count, the token included.
-            params: Reads its request's parameters (for a promise only).
+            params: Reads its request's parameters (for a new root only).
 
         Returns:
             The actions to carry out, in order.
         """
-        if token_id == self.special_kwargs.promise_token_id:
-            return self.promise(member_id, length, params())
-        if token_id == self.special_kwargs.sync_token_id:
-            return self.sync(member_id, length)
-        return []
-
-    def promise(self, member_id: str, length: int,
-                params: RequestParams) -> list[Action]:
-        """A member sampled `<promise>`: spawns a child unless a limit
-        says no (the promise then stays an ordinary token).
-
-        Args:
-            member_id: The promising member (a root the first time).
-            length: Its token count, the promise included.
-            params: Its request's parameters (read for a new root only).
-
-        Returns:
-            `StartTree` at a root's first promise, then its `Fork`, if any.
-        """
-        actions: list[Action] = []
-        member = self._members.get(member_id)
-        if member is None:
-            member = self._track_root(member_id, params)
-            actions.append(StartTree(member_id, member.tree.state))
-        tree, node = member.tree.state, member.node
-        special_kwargs = self.special_kwargs
-        if (len(node.children) >= special_kwargs.max_children_per_sequence
-                or tree.num_spawned >= special_kwargs.max_children_per_request
-                or node.depth >= special_kwargs.max_depth):
-            tree.num_refused += 1
-            self.metrics.promises_refused.inc()
-            return actions
-        marker = special_kwargs.child_role_token_id
-        seed = (None if member.seed is None else derive_seed(
-            member.seed, f"child-{len(node.children)}"))
-        actions.append(
-            self._fork(member, length, () if marker is None else (marker, ),
-                       seed, member.tree.params.max_tokens))
-        return actions
-
-    def sync(self, member_id: str, length: int) -> list[Action]:
-        """A member sampled `<sync>`: merges its unmerged children if all
-        finished, else parks it until they have.
-
-        Args:
-            member_id: The syncing member.
-            length: Its token count, the sync included.
-
-        Returns:
-            `Resume` (a merge) or `Park`; none: `<sync>` was an ordinary
-            token (no unmerged child, or not a tree member).
-        """
-        member = self._members.get(member_id)
-        if member is None:
-            return []
-        node = member.node
-        pending = node.unmerged_children()
-        if not pending:
-            return []
-        if all(child.is_finished for child in pending):
-            return self._merge(member, length)
-        return [self._park(member, length)]
+        return self.policy.sampled(member_id, token_id, length, params)
 
     def finished(self, member_id: str, reason: str,
                  result: MemberResult) -> list[Action]:
-        """A member finished: records its result, aborts its unfinished
-        descendants, wakes its parked parent when its siblings are done,
-        and reports a root's tree.
+        """A member's engine request finished: the format's reading of
+        it (`FormatPolicy.finished`; by default the member's end).
 
         Args:
-            member_id: The finished member.
-            reason: "stop" or "length".
+            member_id: The member.
+            reason: "stop", "length" or the engine's other reasons.
             result: What it produced.
 
         Returns:
-            `Abort` of its live descendants, if any, then `ReportTree` (a
-            root) or its parent's `Resume` (its last awaited child).
+            The actions to carry out, in order.
         """
         member = self._members.get(member_id)
         if member is None or member.node.is_finished:
             return []
+        return self.policy.finished(member_id, reason, result)
+
+    def aborted(self, member_id: str) -> list[Action]:
+        """The engine aborted a member's request from outside: the whole
+        tree ends, with no report.
+
+        Args:
+            member_id: A member of the aborted request (the root, or any
+                member when the engine resolves a member to its request).
+
+        Returns:
+            `Abort` of the members the engine has not ended, if any.
+        """
+        member = self._members.get(member_id)
+        if member is None or member.node.is_finished:
+            return []
+        root = member.tree.state.root
+        # Members the engine aborted with the request need nothing more.
+        actions = self._abort_below(root)
+        self._record_abort(self._members[root.request_id])
+        self._forget(member)
+        return actions
+
+    # Transitions, for the format's policy.
+
+    def track_root(self, root_id: str, params: RequestParams) -> Member:
+        """Starts tracking a request's tree (the caller reports
+        `StartTree`).
+
+        Args:
+            root_id: The request's id.
+            params: Its parameters.
+
+        Returns:
+            The root's record.
+        """
+        state = LiveTree(root=LiveNode(root_id))
+        member = Member(TreeRecord(state, params, [root_id]), state.root,
+                        params.prompt_len, params.seed)
+        self._members[root_id] = member
+        return member
+
+    def fork(self,
+             member: Member,
+             length: int,
+             context_tokens: tuple[int, ...],
+             seed: Optional[int],
+             max_tokens: Optional[int],
+             stop_token_ids: tuple[int, ...] = (),
+             label: Optional[str] = None,
+             fresh: bool = False) -> Fork:
+        """Records a child of ``member`` forked at ``length``.
+
+        Args:
+            member: The forking member.
+            length: Its token count at the fork.
+            context_tokens: Appended to its whole context to make the
+                child's; with ``fresh``, the child's whole context.
+            seed: The child's seed; None: unseeded.
+            max_tokens: The child's own-token budget.
+            stop_token_ids: Where it stops besides its request's stop ids.
+            label: Its label in the tree.
+            fresh: Its context is ``context_tokens`` alone.
+
+        Returns:
+            The child's `Fork`.
+        """
+        tree, request = member.tree.state, member.tree.params
+        fork = Fork(request_id=child_request_id(tree.root.request_id,
+                                                tree.num_spawned),
+                    parent_id=member.node.request_id,
+                    context_tokens=context_tokens,
+                    max_tokens=max_tokens,
+                    min_tokens=request.min_tokens,
+                    seed=seed,
+                    stop=request.stop,
+                    stop_token_ids=stop_token_ids,
+                    label=label,
+                    fresh=fresh)
+        child = tree.record_child(member.node, fork.request_id,
+                                  length - member.start, label)
+        start = len(context_tokens) if fresh else length + len(context_tokens)
+        self._members[fork.request_id] = Member(member.tree, child, start,
+                                                seed)
+        member.tree.member_ids.append(fork.request_id)
+        self.metrics.promises_spawned.inc()
+        self.metrics.children_running.inc()
+        return fork
+
+    def park(self, member: Member, length: int) -> Park:
+        """Parks ``member`` at ``length`` until its children finish
+        (`FormatPolicy.children_done` is then its event).
+
+        Args:
+            member: The member.
+            length: Its token count now.
+
+        Returns:
+            Its `Park`.
+        """
+        member.parked_length = length
+        member.node.parked_since = time.monotonic()
+        self._parked[member.node.request_id] = member.node.parked_since
+        self.metrics.syncs_blocked.inc()
+        self.metrics.parents_parked.inc()
+        return Park(member.node.request_id)
+
+    def take_finished_children(self, member: Member) -> list[LiveNode]:
+        """A member's children not merged yet, in fork order, now merged;
+        it is parked no more.
+
+        Args:
+            member: The member (its children all finished).
+
+        Returns:
+            The children's nodes.
+        """
+        children = member.tree.state.take_unmerged(member.node)
+        self._unpark(member.node)
+        return children
+
+    def record_merged(self, member: Member, at: int, count: int) -> None:
+        """Records ``count`` tokens merged into ``member`` at its own
+        token ``at``.
+
+        Args:
+            member: The member.
+            at: Where they start among its own tokens.
+            count: How many.
+        """
+        member.tree.state.record_merged_tokens(member.node, at, count)
+        self.metrics.merged_tokens.inc(count)
+
+    def end(self, member_id: str, reason: str,
+            result: MemberResult) -> list[Action]:
+        """A member ends: records its result, aborts its unfinished
+        descendants, lets its parked parent join when its siblings are
+        done, and reports a root's tree.
+
+        Args:
+            member_id: The member.
+            reason: "stop", "length" or the engine's other reasons.
+            result: What it produced.
+
+        Returns:
+            `Abort` of its live descendants, if any, then `ReportTree` (a
+            root) or its parent's join (its last awaited child).
+        """
+        member = self._members[member_id]
         tree, node = member.tree.state, member.node
         actions = self._abort_below(node)
         token_ids = list(result.token_ids)
@@ -306,107 +521,11 @@ class PromiseCoordinator:
                         for child in parent.unmerged_children())):
             parent_member = self._members[parent.request_id]
             actions.extend(
-                self._merge(parent_member, parent_member.parked_length))
+                self.policy.children_done(parent_member,
+                                          parent_member.parked_length))
         return actions
 
-    def aborted(self, member_id: str) -> list[Action]:
-        """The engine aborted a member's request from outside: the whole
-        tree ends, with no report.
-
-        Args:
-            member_id: A member of the aborted request (the root, or any
-                member when the engine resolves a member to its request).
-
-        Returns:
-            `Abort` of the members the engine has not ended, if any.
-        """
-        member = self._members.get(member_id)
-        if member is None or member.node.is_finished:
-            return []
-        root = member.tree.state.root
-        # Members the engine aborted with the request need nothing more.
-        actions = self._abort_below(root)
-        self._record_abort(self._members[root.request_id])
-        self._forget(member)
-        return actions
-
-    # Transitions.
-
-    def _track_root(self, root_id: str, params: RequestParams) -> Member:
-        """Starts tracking a request's tree at its first promise."""
-        state = LiveTree(root=LiveNode(root_id))
-        member = Member(TreeRecord(state, params, [root_id]), state.root,
-                        params.prompt_len, params.seed)
-        self._members[root_id] = member
-        return member
-
-    def _fork(self,
-              member: Member,
-              length: int,
-              context_tokens: tuple[int, ...],
-              seed: Optional[int],
-              max_tokens: Optional[int],
-              stop_token_ids: tuple[int, ...] = (),
-              label: Optional[str] = None) -> Fork:
-        """Records a child of ``member`` forked at ``length``: its fork."""
-        tree, request = member.tree.state, member.tree.params
-        fork = Fork(request_id=child_request_id(tree.root.request_id,
-                                                tree.num_spawned),
-                    parent_id=member.node.request_id,
-                    context_tokens=context_tokens,
-                    max_tokens=max_tokens,
-                    min_tokens=request.min_tokens,
-                    seed=seed,
-                    stop=request.stop,
-                    stop_token_ids=stop_token_ids,
-                    label=label)
-        child = tree.record_child(member.node, fork.request_id,
-                                  length - member.start, label)
-        self._members[fork.request_id] = Member(member.tree, child,
-                                                length + len(context_tokens),
-                                                seed)
-        member.tree.member_ids.append(fork.request_id)
-        self.metrics.promises_spawned.inc()
-        self.metrics.children_running.inc()
-        return fork
-
-    def _park(self, member: Member, length: int) -> Park:
-        """Parks ``member`` at ``length`` until its children finish."""
-        member.parked_length = length
-        member.node.parked_since = time.monotonic()
-        self._parked[member.node.request_id] = member.node.parked_since
-        self.metrics.syncs_blocked.inc()
-        self.metrics.parents_parked.inc()
-        return Park(member.node.request_id)
-
-    def _room(self, member: Member, length: int) -> int:
-        """Tokens a merge may append, leaving one to sample within the
-        budget and the model length."""
-        room = self.max_model_len - length
-        max_tokens = member.tree.params.max_tokens
-        if max_tokens is not None:
-            room = min(room, max_tokens - (length - member.start))
-        return max(room - 1, 0)
-
-    def _merge(self, member: Member, length: int) -> list[Action]:
-        """Takes the unmerged children's texts: the member's resume."""
-        tree, node = member.tree.state, member.node
-        children = tree.take_unmerged(node)
-        self._unpark(node)
-        text = merged_text(children, self.special_kwargs.merge_separator)
-        token_ids = self.queries.encode(node.request_id,
-                                        text)[:self._room(member, length)]
-        tree.record_merged_tokens(node, length - member.start, len(token_ids))
-        self.metrics.merged_tokens.inc(len(token_ids))
-        seed = None
-        if member.seed is not None and self.queries.reseeds_on_resume(
-                node.request_id, len(token_ids)):
-            seed = member.seed = derive_seed(member.seed,
-                                             f"resume-{node.num_merged}")
-        return [
-            Resume(node.request_id, tuple(token_ids), MERGED_TOKEN_LOGPROB,
-                   seed)
-        ]
+    # Records.
 
     def _abort_below(self, node: LiveNode) -> list[Action]:
         """Records a node's unfinished descendants aborted, deepest first.
@@ -443,5 +562,6 @@ class PromiseCoordinator:
 
     def _forget(self, member: Member) -> None:
         """Drops a finished tree's records (its snapshot lives on)."""
+        self.policy.forget(member)
         for member_id in member.tree.member_ids:
             del self._members[member_id]

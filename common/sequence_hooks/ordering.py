@@ -32,7 +32,7 @@ When parked parents hold the blocks a waiting request needs,
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import NamedTuple, Optional, TypeVar
 
-from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
 
 # What a queued request is: on a critical path, a new request passed over
@@ -70,7 +70,7 @@ class CriticalPathOrder:
     """
 
     def __init__(self,
-                 coordinator: PromiseCoordinator,
+                 coordinator: Coordinator,
                  bound: int,
                  by_priority: bool,
                  every_step: bool = False) -> None:
@@ -84,8 +84,8 @@ class CriticalPathOrder:
 
     @classmethod
     def for_scheduler(
-            cls, coordinator: PromiseCoordinator,
-            special_kwargs: SpecialKwargs, policy: str,
+            cls, coordinator: Coordinator, special_kwargs: SpecialKwargs,
+            policy: str,
             engine_orders_by_priority: bool) -> Optional["CriticalPathOrder"]:
         """The order a scheduler hands its queues to, if any.
 

@@ -15,41 +15,14 @@ from typing import Any, Optional
 from pydantic import ConfigDict, TypeAdapter, model_validator
 from pydantic.dataclasses import dataclass
 
+from sequence_hooks.formats import format_named, refusal_for
+
 # The hook roles: each is given as a token id or as a token string.
 ROLES = ("sync", "promise", "child_role")
 # What every refusal of a `special_kwargs` starts with.
 REFUSAL = "special_kwargs: "
-# The fork/join format the hooks serve.
+# The default fork/join format (`sequence_hooks.formats.promise_sync`).
 PROMISE_SYNC = "promise_sync"
-# Why each other published format is not served in-engine
-# (docs/formats.md).
-_KV_SPLICE = ("its model is trained for a join that reuses the children's "
-              "KV cache with per-path positions (every path from the fork's "
-              "position on, the conclusion after the longest path), which a "
-              "join that appends the children's tokens and prefills them "
-              "only approximates")
-# Formats the lifecycle knows (`sequence_hooks.format_lifecycle`) but the
-# engines do not serve yet: refused by the start check
-# (`checked_special_kwargs`), with this reason.
-NOT_YET_SERVED = ("not served in-engine by this engine, which carries out "
-                  "promise/sync's lifecycle only (a format's branches with "
-                  "their own headers and stop ids, its conclusions and its "
-                  "calls made anew are the V1 plugin's): serve it with the "
-                  "V1 plugin, or run its controller from the client "
-                  "(docs/formats.md)")
-TOKEN_FORMATS = ("threadweaver", "apr")
-# The tags a format reads, by role (each must be one token of the model).
-FORMAT_TAGS = {
-    "threadweaver": {
-        "outlines": "<Outlines>",
-        "trigger": "</Outlines>",
-        "thread_end": "</Thread>",
-    },
-}
-UNSERVED_FORMATS = {
-    "multiverse": _KV_SPLICE,
-    "npr": _KV_SPLICE,
-}
 
 
 @dataclass(config=ConfigDict(extra="forbid", strict=True))
@@ -96,17 +69,15 @@ class SpecialKwargs:
     work; after that it goes first (the starvation bound)."""
     format: str = PROMISE_SYNC
     """The fork/join format the model writes: "promise_sync" (served by
-    both engines), or a published format's name: "threadweaver" (its tags
-    the format's) and "apr" (it reads text), which an engine that does
-    not serve them refuses (`checked_special_kwargs`). "multiverse" and
-    "npr" are refused with their reason (`UNSERVED_FORMATS`)."""
+    both engines, its tokens the fields above), or another registered
+    format's name (`sequence_hooks.formats`: "threadweaver", "apr" and
+    any a plug-in adds), which an engine that cannot carry out what it
+    needs refuses at start (`checked_special_kwargs`)."""
     format_tags: Optional[dict[str, str]] = None
-    """A format's tag strings by role, replacing its own (`FORMAT_TAGS`),
+    """A format's tag strings by role, replacing its own (`Format.tags`),
     for a model trained with other tags; each must be one token."""
-    no_conclusion: Optional[bool] = None
-    """ThreadWeaver's `no_conclusion` (format "threadweaver" only). None:
-    its released setting (True); False: each join's suffix opens an empty
-    `<Conclusion>`, as its controller's with ``no_conclusion=False``."""
+    format_options: Optional[dict[str, Any]] = None
+    """The format's own options (`Format.options`), checked at start."""
 
     def fork_limit(self, num_spawned: int) -> int:
         """Children one fork of a format may start, in a tree that has
@@ -119,14 +90,12 @@ class SpecialKwargs:
     @property
     def tags(self) -> dict[str, str]:
         """The format's tags by role, with ``format_tags`` applied."""
-        return {**FORMAT_TAGS.get(self.format, {}), **(self.format_tags or {})}
+        return {**format_named(self.format).tags, **(self.format_tags or {})}
 
     @model_validator(mode="after")
     def _check(self) -> "SpecialKwargs":
-        if self.no_conclusion is not None and self.format != "threadweaver":
-            raise ValueError("no_conclusion belongs to format "
-                             f"'threadweaver', not {self.format!r}")
-        if self.format in TOKEN_FORMATS:
+        fmt = format_named(self.format)
+        if not fmt.reads_hook_tokens:
             given = [
                 f"{role}_token{suffix}" for role in ROLES
                 for suffix in ("", "_id")
@@ -135,48 +104,18 @@ class SpecialKwargs:
             if given:
                 raise ValueError(f"format {self.format!r} reads its own "
                                  f"tags: {', '.join(given)} given beside it "
-                                 "belong to promise_sync")
-            unknown = set(self.format_tags or {}) - set(
-                FORMAT_TAGS.get(self.format, {}))
-            if unknown:
-                raise ValueError(
-                    f"format {self.format!r} has no tag role(s) "
-                    f"{sorted(unknown)} (its roles: "
-                    f"{sorted(FORMAT_TAGS.get(self.format, {}))})")
-            return self
-        if self.format_tags is not None:
+                                 f"belong to {PROMISE_SYNC}")
+        unknown = set(self.format_tags or {}) - set(fmt.tags)
+        if unknown and not fmt.tags:
             raise ValueError("format_tags belong to a format's tags; "
                              f"format {self.format!r} has none")
-        if self.format != PROMISE_SYNC:
-            reason = UNSERVED_FORMATS.get(self.format)
-            if reason is None:
-                known = ", ".join(
-                    [PROMISE_SYNC, *TOKEN_FORMATS, *UNSERVED_FORMATS])
-                raise ValueError(f"unknown format {self.format!r} (known: "
-                                 f"{known})")
-            raise ValueError(f"format {self.format!r}: {reason}")
-        for role in ROLES:
-            if (getattr(self, f"{role}_token_id") is not None
-                    and getattr(self, f"{role}_token") is not None):
-                raise ValueError(f"give {role}_token_id or {role}_token, "
-                                 "not both")
-        for role in ("sync", "promise"):
-            if (getattr(self, f"{role}_token_id") is None
-                    and getattr(self, f"{role}_token") is None):
-                raise ValueError(f"{role}_token_id or {role}_token is "
-                                 "required")
-        ids = self._ids()
-        for name, token_id in ids.items():
-            if token_id < 0:
-                raise ValueError(f"{name} must be >= 0, got {token_id}")
-        if len(set(ids.values())) != len(ids):
-            raise ValueError(f"special token ids must differ, got {ids}")
-        strings = [
-            s for s in (getattr(self, f"{role}_token") for role in ROLES)
-            if s is not None
-        ]
-        if len(set(strings)) != len(strings):
-            raise ValueError(f"special tokens must differ, got {strings}")
+        if unknown:
+            raise ValueError(f"format {self.format!r} has no tag role(s) "
+                             f"{sorted(unknown)} (its roles: "
+                             f"{sorted(fmt.tags)})")
+        fmt.read_options(self.format_options)
+        if fmt.check is not None:
+            fmt.check(self)
         for name in ("max_children_per_sequence", "max_children_per_request",
                      "max_depth", "max_steps_passed_over"):
             if getattr(self, name) < 1:
@@ -369,22 +308,22 @@ def read_special_kwargs(value: Any) -> SpecialKwargs:
     return _READ[key]
 
 
-def checked_special_kwargs(
-    value: Any,
-    model: Optional[ModelTokens] = None,
-    served: tuple[str, ...] = (PROMISE_SYNC, )
-) -> SpecialKwargs:
-    """Reads `special_kwargs` and checks it against ``model``: what every
-    process that takes the setting runs (on V1 the API process, the engine
-    core and the workers; on V0 the engine's start), so a bad setting gets
-    the same reason wherever it is found.
+def checked_special_kwargs(value: Any,
+                           model: Optional[ModelTokens] = None,
+                           *,
+                           capabilities: frozenset[str]) -> SpecialKwargs:
+    """Reads `special_kwargs` and checks it against the engine and
+    ``model``: what every process that takes the setting runs (on V1 the
+    API process, the engine core and the workers; on V0 the engine's
+    start), so a bad setting gets the same reason wherever it is found.
 
     Args:
         value: A SpecialKwargs, a dict of its fields or its JSON.
         model: The model to check it against; None: read only (where no
             model is known yet).
-        served: The formats the calling engine serves (the others that
-            the lifecycle knows are refused: `NOT_YET_SERVED`).
+        capabilities: What the calling engine carries out
+            (`sequence_hooks.formats.ENGINE_CAPABILITIES`' keys): a
+            format that needs more is refused, naming what is missing.
 
     Returns:
         The configuration; with ``model``, every token given by id.
@@ -394,8 +333,9 @@ def checked_special_kwargs(
     """
     try:
         parsed = read_special_kwargs(value)
-        if parsed.format not in served:
-            raise ValueError(f"format {parsed.format!r}: {NOT_YET_SERVED}")
+        refusal = refusal_for(format_named(parsed.format), capabilities)
+        if refusal is not None:
+            raise ValueError(refusal)
         if model is None:
             return parsed
         return parsed.for_model(model.tokenizer, model.vocab_size,

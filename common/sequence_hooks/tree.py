@@ -7,7 +7,7 @@ which changes while the request runs, and its snapshot (`PromiseNode`s),
 what users get.
 
 Engine-neutral: it imports no vLLM module. Only the lifecycle
-(`sequence_hooks.lifecycle.PromiseCoordinator`) changes a tree, whichever
+(`sequence_hooks.lifecycle.Coordinator`) changes a tree, whichever
 engine runs it: its structure and results through `LiveTree`'s
 methods, its own bookkeeping (`LiveNode.parked_since`,
 `LiveTree.num_refused`) by assignment. Users get `PromiseNode`

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""An engine with no model, for driving `PromiseCoordinator` in tests.
+"""An engine with no model, for driving `Coordinator` in tests.
 
 `FakeEngine` carries out the coordinator's actions the simplest way an
 engine could: a member is the list of its whole context's token ids, a
@@ -18,7 +18,8 @@ from typing import NamedTuple, Optional
 from sequence_hooks.actions import (Abort, Action, Fork, MemberResult, Park,
                                     ReportTree, RequestParams, Resume,
                                     StartTree)
-from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.formats.promise_sync import PromiseSyncPolicy
+from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.tree import PromiseNode
 
@@ -128,11 +129,12 @@ class FakeEngine:
         self.reseeds = reseeds
         self.show_hooks = show_hooks
         self.metrics = CountingMetrics()
-        self.coordinator = PromiseCoordinator(special_kwargs(**(limits or {})),
-                                              self,
-                                              max_model_len,
-                                              list(HOOK_STRINGS.values()),
-                                              metrics=self.metrics)
+        self.coordinator = Coordinator(PromiseSyncPolicy,
+                                       special_kwargs(**(limits or {})),
+                                       self,
+                                       max_model_len,
+                                       list(HOOK_STRINGS.values()),
+                                       metrics=self.metrics)
         self.members: dict[str, EngineMember] = {}
         self.params: dict[str, RequestParams] = {}
         self.wants_logprobs: dict[str, bool] = {}
@@ -168,14 +170,10 @@ class FakeEngine:
         })
         member.tokens.append(token)
         length = len(member.tokens)
-        if token == PROMISE:
-            return self.carry_out(
-                self.coordinator.promise(
-                    member_id, length,
-                    self.params[self.request_of[member_id]]))
-        if token == SYNC:
-            return self.carry_out(self.coordinator.sync(member_id, length))
-        return []
+        return self.carry_out(
+            self.coordinator.sampled(
+                member_id, token, length,
+                lambda: self.params[self.request_of[member_id]]))
 
     def stop(self, member_id: str, reason: str) -> None:
         """The engine finishes a member; its finish is reported later."""

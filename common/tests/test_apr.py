@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""APR's format on the lifecycle (`APRCoordinator`) against APR's own
+"""APR's format on the lifecycle (`APRPolicy`) against APR's own
 controller (the test kit's `APRController`), with one scripted model
 behind both: the same calls, token for token, and the same traces.
 
@@ -25,8 +25,8 @@ from fake_engine import FakeLogprob
 from sequence_hooks.actions import (Abort, Action, Fork, MemberResult,
                                     ReportTree, RequestParams, Restart,
                                     StartTree)
-from sequence_hooks.apr import CALLING, APRFormat
-from sequence_hooks.apr_lifecycle import APRCoordinator
+from sequence_hooks.formats.apr import CALLING
+from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.training_records import training_records
 from sequence_hooks_testkit.formats.apr_controller import (APRController,
@@ -188,10 +188,9 @@ class SearchEngine:
     logprobs: bool = False
 
     def __post_init__(self):
-        self.coordinator = APRCoordinator(
-            APRFormat.for_tokenizer(TOKENIZER),
+        self.coordinator = Coordinator.for_format(
             SpecialKwargs(format="apr", **self.limits), self,
-            self.max_model_len)
+            self.max_model_len, TOKENIZER)
         self.calls: dict[str, Call] = {}
         self.prompts: list[list[int]] = []
         self.actions: list[Action] = []

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""`PromiseCoordinator`'s decisions, one by one, on the model-free engine.
+"""`Coordinator`'s decisions, one by one, on the model-free engine.
 
 Each test drives `FakeEngine` through a short program and checks what the
 coordinator told the engine (forks, parks, resumes, aborts, reports)

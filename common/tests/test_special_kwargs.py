@@ -9,10 +9,12 @@ import json
 
 import pytest
 
-from sequence_hooks import SpecialKwargs
+from sequence_hooks import SpecialKwargs, formats
 from sequence_hooks.special_kwargs import ModelTokens, checked_special_kwargs
 
 FIELDS = {"sync_token": "<sync>", "promise_token_id": 7, "max_depth": 3}
+# What an engine that serves promise/sync alone carries out (V0's).
+PROMISE_SYNC_ONLY = frozenset({formats.FORK, formats.PARK_RESUME})
 
 
 @pytest.mark.parametrize(
@@ -67,37 +69,66 @@ def test_every_form_reads_as_the_same_configuration(given):
      "none"),
     ({
         "format": "apr",
-        "no_conclusion": False
-    }, "no_conclusion belongs to format 'threadweaver', not 'apr'"),
+        "format_options": {
+            "no_conclusion": False
+        }
+    }, "format 'apr' takes no format_options, got \\['no_conclusion'\\]"),
+    ({
+        "format": "threadweaver",
+        "format_options": {
+            "no_conclusions": False
+        }
+    }, "no_conclusions"),
+    ({
+        "format": "threadweaver",
+        "format_options": {
+            "no_conclusion": "no"
+        }
+    }, "no_conclusion"),
     ({
         **FIELDS, "no_conclusion": True
-    }, "no_conclusion belongs to format 'threadweaver', not 'promise_sync'"),
+    }, "no_conclusion"),
 ],
                          ids=[
                              "unknown-key", "bad-json", "no-promise", "list",
                              "unknown-format", "multiverse", "npr",
                              "format-mixed-with-promise-sync",
                              "unknown-tag-role", "tags-without-format",
-                             "no-conclusion-with-apr",
-                             "no-conclusion-with-promise-sync"
+                             "options-apr-does-not-take",
+                             "unknown-threadweaver-option",
+                             "threadweaver-option-of-another-type",
+                             "no-conclusion-not-generic"
                          ])
 def test_a_bad_configuration_is_refused_with_its_reason(given, reason):
     with pytest.raises(ValueError, match=reason):
         SpecialKwargs.parse(given)
 
 
-@pytest.mark.parametrize("name", ["threadweaver", "apr"])
-def test_a_format_an_engine_does_not_serve_is_refused_at_start(name):
-    # It reads as data; the start check of an engine that does not serve
-    # it (by default: promise/sync only, V0's) refuses it, with one reason.
+@pytest.mark.parametrize("name, missing", [
+    ("threadweaver", "branch_stops, conclude, restart"),
+    ("apr", "arrivals, fresh_children, held_output, restart"),
+])
+def test_a_format_an_engine_cannot_carry_out_is_refused_at_start(
+        name, missing):
+    # It reads as data; the start check of an engine that lacks what the
+    # format needs (here V0's: forks, parks and resumes) refuses it,
+    # naming each missing capability.
     assert SpecialKwargs.parse({"format": name}).format == name
-    with pytest.raises(ValueError,
-                       match=f"^special_kwargs: format '{name}': not served "
-                       "in-engine by this engine.*serve it with the V1 "
-                       "plugin"):
-        checked_special_kwargs({"format": name})
+    with pytest.raises(ValueError) as refusal:
+        checked_special_kwargs({"format": name},
+                               capabilities=PROMISE_SYNC_ONLY)
+    reason = str(refusal.value)
+    assert reason.startswith(f"special_kwargs: format '{name}' is not "
+                             "served by this engine, which does not carry "
+                             "out "), reason
+    named = [
+        part.split(" (")[0]
+        for part in reason.split("carry out ")[1].split("; ")
+    ]
+    assert named == missing.split(", ")
     served = checked_special_kwargs({"format": name},
-                                    served=("promise_sync", name))
+                                    capabilities=frozenset(
+                                        formats.ENGINE_CAPABILITIES))
     assert served.format == name
 
 
@@ -167,19 +198,22 @@ def test_checked_special_kwargs_gives_one_line_reasons(given, model, reason):
     """What every process that takes the setting raises: the reason after
     `special_kwargs: `, on one line (pydantic's span several)."""
     with pytest.raises(ValueError) as refusal:
-        checked_special_kwargs(given, model)
+        checked_special_kwargs(given, model, capabilities=PROMISE_SYNC_ONLY)
     assert str(refusal.value).startswith(reason), str(refusal.value)
     assert "\n" not in str(refusal.value)
 
 
 def test_checked_special_kwargs_reads_and_resolves():
     assert checked_special_kwargs(
-        json.dumps(FIELDS)) == SpecialKwargs(**FIELDS)
+        json.dumps(FIELDS),
+        capabilities=PROMISE_SYNC_ONLY) == SpecialKwargs(**FIELDS)
     resolved = checked_special_kwargs(
         {
             "sync_token": "<sync>",
             "promise_token": "<promise>"
-        }, ModelTokens(WordTokenizer, 3, 0))
+        },
+        ModelTokens(WordTokenizer, 3, 0),
+        capabilities=PROMISE_SYNC_ONLY)
     assert (resolved.sync_token_id, resolved.promise_token_id,
             resolved.is_resolved) == (1, 2, True)
 

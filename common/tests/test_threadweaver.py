@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""ThreadWeaver's format on the lifecycle (`FormatCoordinator` with
+"""ThreadWeaver's format on the lifecycle (`ForkJoinPolicy` with
 `ThreadWeaverFormat`) against ThreadWeaver's own controller (the test
 kit's `ThreadWeaverController`), with one scripted model behind both:
 token for token the same answer, model-free.
@@ -22,9 +22,10 @@ import pytest
 from sequence_hooks.actions import (Action, Conclude, Fork, MemberResult, Park,
                                     ReportTree, RequestParams, Restart, Resume,
                                     StartTree)
-from sequence_hooks.format_lifecycle import BranchResult, FormatCoordinator
+from sequence_hooks.fork_join import BranchResult
+from sequence_hooks.formats.threadweaver import ThreadWeaverFormat
+from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.threadweaver import ThreadWeaverFormat
 from sequence_hooks_testkit.formats import threadweaver_controller as tw
 from sequence_hooks_testkit.formats.backends import ScriptedBackend
 
@@ -116,10 +117,9 @@ class ThreadEngine:
         self.seed = seed
         self.max_model_len = max_model_len
         self.max_tokens = max_tokens
-        self.coordinator = FormatCoordinator(
-            ThreadWeaverFormat.for_tokenizer(TOKENIZER),
+        self.coordinator = Coordinator.for_format(
             SpecialKwargs(format="threadweaver", **limits), self,
-            max_model_len)
+            max_model_len, TOKENIZER)
         self.members: dict[str, Member] = {}
         self.actions: list[Action] = []
         self.output: list[int] = []
@@ -292,8 +292,8 @@ def test_the_step_limit_and_the_budget_end_the_answer_as_the_controller():
                           ScriptedBackend(model.next_token, EOS, window),
                           [PROMPT])[0][0]
         engine = ThreadEngine(model, window, budget, {})
-        engine.coordinator.format = dataclasses.replace(
-            engine.coordinator.format, max_steps=max_steps)
+        policy = engine.coordinator.policy
+        policy.format = dataclasses.replace(policy.format, max_steps=max_steps)
         assert engine.run(PROMPT) == expected.token_ids, (max_steps, budget)
 
 

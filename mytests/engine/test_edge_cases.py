@@ -88,14 +88,19 @@ def test_conflicting_options_are_refused(tiny_model_path, hooks, options,
         engine_config(tiny_model_path, special_kwargs=hooks, **options)
 
 
-def test_a_format_v0_does_not_serve_is_refused_at_start(tiny_model_path):
-    # ThreadWeaver's is served by the V1 plugin only (docs/formats.md).
+@pytest.mark.parametrize("name, missing", [
+    ("threadweaver", "branch_stops .*; conclude .*; restart "),
+    ("apr", "arrivals .*; fresh_children .*; held_output .*; restart "),
+])
+def test_a_format_v0_does_not_serve_is_refused_at_start(
+        tiny_model_path, name, missing):
+    # V0 carries out forks on the parent's KV, parks and resumes only:
+    # the refusal names each capability the format needs beyond them.
     with pytest.raises(ValueError,
-                       match="^special_kwargs: format 'threadweaver': not "
-                       "served in-engine by this engine, which carries out "
-                       "promise/sync.s lifecycle only"):
-        engine_config(tiny_model_path,
-                      special_kwargs={"format": "threadweaver"})
+                       match=f"^special_kwargs: format '{name}' is not "
+                       "served by this engine, which does not carry out "
+                       f"{missing}"):
+        engine_config(tiny_model_path, special_kwargs={"format": name})
 
 
 def test_v1_engine_is_refused(tiny_model_path, hooks, monkeypatch):

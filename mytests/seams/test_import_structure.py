@@ -8,11 +8,11 @@ at their upstream paths), the engine-neutral package (`common/`), the V1
 plugin (`v1/vllm_sequence_hooks`), the GRPO trainer over it
 (`v1/rl/vllm_sequence_hooks_rl`), the test kit with its subpackages
 (`testkit/`) and the scripts that import each other by name (`fork/`,
-`models/`, `models/research/`, `benchmarks/v0/`, `benchmarks/v1/`,
-`examples/`). Every import of one of them is an edge, wherever it stands:
-at module level, under `if TYPE_CHECKING:` or inside a function (an import
-deferred to dodge a cycle is still a cycle). Upstream vLLM's modules are
-not nodes, so only imports between ours count.
+`training/research/`, `v1/rl/experiment/`, `benchmarks/v0/`,
+`benchmarks/v1/`, `examples/`). Every import of one of them is an edge,
+wherever it stands: at module level, under `if TYPE_CHECKING:` or inside a
+function (an import deferred to dodge a cycle is still a cycle). Upstream
+vLLM's modules are not nodes, so only imports between ours count.
 
 The layers, from the ground up: the product (fork modules, `common/`, the
 plugin), the trainer (its own distribution: serving never imports it),
@@ -33,7 +33,8 @@ PACKAGES = {
     ROOT / "testkit": "sequence_hooks_testkit",
 }
 # Folders of scripts that import each other as top-level modules.
-SCRIPT_FOLDERS = (ROOT / "fork", ROOT / "models", ROOT / "models" / "research",
+SCRIPT_FOLDERS = (ROOT / "fork", ROOT / "training" / "research",
+                  ROOT / "v1" / "rl" / "experiment",
                   ROOT / "benchmarks" / "v0", ROOT / "benchmarks" / "v1",
                   ROOT / "examples")
 # The layers below the scripts, from the ground up.
@@ -146,7 +147,9 @@ def test_the_graph_covers_every_root():
     graph = import_graph()
     for package in PACKAGES.values():
         assert any(m.split(".")[0] == package for m in graph), package
-    scripts = {"build_fork", "eval_real_model", "http_peers", "demo"}
+    scripts = {
+        "build_fork", "eval_real_model", "rl_capitals", "http_peers", "demo"
+    }
     assert scripts <= set(graph)
     assert ("sequence_hooks_testkit.training.capitals_task"
             in graph["eval_by_country"])

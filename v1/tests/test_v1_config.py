@@ -18,7 +18,7 @@ from vllm_sequence_hooks.config import (CONFIG_KEY, SCHEDULER_CLS,
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
 from sequence_hooks import SpecialKwargs
-from sequence_hooks.apr_lifecycle import APRCoordinator
+from sequence_hooks.formats.apr import APRPolicy
 from sequence_hooks_testkit.v1_batch_queue import make_scheduler
 from vllm.config import ModelConfig, SchedulerConfig, VllmConfig
 from vllm.engine.arg_utils import EngineArgs
@@ -158,7 +158,7 @@ def test_a_server_flag_is_parsed_once_in_the_api_process(
 
 def test_apr_from_the_flag_runs_its_lifecycle(tiny_model_path):
     """APR has no tags to check: the flag takes it, and the scheduler runs
-    `APRCoordinator` with the model's BOS as the text every call sends."""
+    `APRPolicy` with the model's BOS as the text every call sends."""
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
     flag = json.dumps({"format": "apr"})
     args = parser.parse_args([
@@ -169,9 +169,9 @@ def test_apr_from_the_flag_runs_its_lifecycle(tiny_model_path):
         args).create_engine_config().additional_config[CONFIG_KEY]
     assert carried["format"] == "apr"
     coordinator = engine_core(tiny_model_path, carried).hooks.coordinator
-    assert isinstance(coordinator, APRCoordinator)
+    assert isinstance(coordinator.policy, APRPolicy)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_path)
-    assert coordinator.format.bos_token == tokenizer.bos_token
+    assert coordinator.policy.format.bos_token == tokenizer.bos_token
 
 
 def test_a_format_whose_tags_the_model_lacks_is_refused_in_every_process(
@@ -203,7 +203,7 @@ def test_a_formats_tags_may_be_the_models_own_tokens(tiny_model_path,
     api_process(tiny_model_path, special_kwargs)
     worker(tiny_model_path, special_kwargs)
     scheduler = engine_core(tiny_model_path, special_kwargs)
-    thread_format = scheduler.hooks.coordinator.format
+    thread_format = scheduler.hooks.coordinator.policy.format
     assert (thread_format.outlines_id, thread_format.trigger_id,
             thread_format.thread_end_id) == (hook_ids.promise, hook_ids.sync,
                                              hook_ids.child)

@@ -166,7 +166,8 @@ def test_the_plugin_answers_as_threadweavers_controller(name, budget):
 
 @pytest.mark.parametrize("name", list(CONCLUSION_CASES))
 def test_no_conclusion_false_answers_as_the_controllers_variant(name):
-    """``{"no_conclusion": false}`` serves the controller's variant."""
+    """``{"format_options": {"no_conclusion": false}}`` serves the
+    controller's variant."""
     expected = assert_as_controller(CONCLUSION_CASES[name],
                                     None,
                                     False,
@@ -187,8 +188,11 @@ def assert_as_controller(model: ScriptedModel,
     [[expected]] = tw.run(controller,
                           ScriptedBackend(model.next_token, EOS, WINDOW),
                           [PROMPT])
-    driver = in_engine(model, budget or WINDOW - len(PROMPT),
-                       None if no_conclusion else {"no_conclusion": False})
+    driver = in_engine(
+        model, budget or WINDOW - len(PROMPT), None
+        if no_conclusion else {"format_options": {
+            "no_conclusion": False
+        }})
     got = [t for request_id, new, _ in driver.outputs for t in new]
     assert {request_id for request_id, _, _ in driver.outputs} == {"r0"}
     # The one difference (docs/formats.md): a join past the window is cut

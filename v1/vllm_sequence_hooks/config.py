@@ -14,8 +14,9 @@ from typing import Any
 from vllm_sequence_hooks.seams import check_vllm_version
 
 from sequence_hooks import SpecialKwargs
-from sequence_hooks.special_kwargs import (PROMISE_SYNC, ModelTokens,
-                                           checked_special_kwargs, fields_of)
+from sequence_hooks.formats import ENGINE_CAPABILITIES
+from sequence_hooks.special_kwargs import (ModelTokens, checked_special_kwargs,
+                                           fields_of)
 from vllm.config import VllmConfig
 from vllm.tokenizers import cached_tokenizer_from_config
 
@@ -36,9 +37,9 @@ SKIP_TOKENIZER_INIT = (
 MIDDLEWARE = ("vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown",
               "vllm_sequence_hooks.beam_search.RefuseBeamSearch",
               "vllm_sequence_hooks.data_parallel.SamplesOnOneEngine")
-# The fork/join formats the plugin serves (the others are refused at
-# start, `checked_special_kwargs`).
-SERVED_FORMATS = (PROMISE_SYNC, "threadweaver", "apr")
+# What the plugin carries out: every action a format may ask for, so it
+# serves every registered format (`sequence_hooks.formats`).
+CAPABILITIES = frozenset(ENGINE_CAPABILITIES)
 # This process's checked configurations (`special_kwargs_of`).
 _CHECKED: dict[tuple, SpecialKwargs] = {}
 
@@ -109,7 +110,9 @@ def special_kwargs_of(vllm_config: VllmConfig) -> SpecialKwargs:
            model_config.tokenizer_revision, model_config.trust_remote_code,
            model.vocab_size, repr(model.eos_token_id))
     if key not in _CHECKED:
-        _CHECKED[key] = checked_special_kwargs(raw, model, SERVED_FORMATS)
+        _CHECKED[key] = checked_special_kwargs(raw,
+                                               model,
+                                               capabilities=CAPABILITIES)
     return _CHECKED[key]
 
 
@@ -153,7 +156,7 @@ def hooked_settings(special_kwargs: Any,
             `additional_config`.
     """
     check_vllm_version()
-    parsed = checked_special_kwargs(special_kwargs, served=SERVED_FORMATS)
+    parsed = checked_special_kwargs(special_kwargs, capabilities=CAPABILITIES)
     fields = fields_of(parsed)
     scheduler_cls = settings.get("scheduler_cls")
     if scheduler_cls is not None and not _is_scheduler(scheduler_cls):
@@ -165,7 +168,7 @@ def hooked_settings(special_kwargs: Any,
     additional_config = dict(settings.get("additional_config") or {})
     given = additional_config.get(CONFIG_KEY)
     if given is not None and checked_special_kwargs(
-            given, served=SERVED_FORMATS) != parsed:
+            given, capabilities=CAPABILITIES) != parsed:
         raise ValueError(
             f"special_kwargs={fields!r} and additional_config"
             f"[{CONFIG_KEY!r}]={given!r} conflict: give the hooks once")

@@ -36,7 +36,7 @@ import argparse
 import functools
 from typing import Any, Callable
 
-from vllm_sequence_hooks.config import (CONFIG_KEY, SERVED_FORMATS,
+from vllm_sequence_hooks.config import (CAPABILITIES, CONFIG_KEY,
                                         hooked_settings, refuse_unservable,
                                         special_kwargs_of)
 from vllm_sequence_hooks.server_metrics import show_engine_core_metrics
@@ -71,7 +71,7 @@ class SpecialKwargsAction(argparse.Action):
                  values: Any,
                  option_string: Any = None) -> None:
         try:
-            parsed = checked_special_kwargs(values, served=SERVED_FORMATS)
+            parsed = checked_special_kwargs(values, capabilities=CAPABILITIES)
         except ValueError as e:
             # The reason without its "special_kwargs: " (argparse names
             # the flag).

@@ -4,7 +4,8 @@
 
 `SequenceHooks` turns a step's `EngineCoreOutput`s into the lifecycle's
 events and carries out the actions its coordinator
-(`sequence_hooks.coordinators`) returns, on V1 requests: a fork is a new
+(`sequence_hooks.lifecycle.Coordinator`, its format's policy composed)
+returns, on V1 requests: a fork is a new
 request on its parent's KV blocks, a park and a resume are a streaming
 session's (`parking.KvParking`), merged tokens and a root's tree travel in
 its output (`transport`). The scheduler holds it and calls it after
@@ -27,10 +28,11 @@ from vllm_sequence_hooks.transport import (ChildPreemptions, SampleTrees,
 from sequence_hooks.actions import (Abort, Action, Conclude, Fork,
                                     MemberResult, Park, ReportTree,
                                     RequestParams, Restart, Resume, StartTree)
-from sequence_hooks.coordinators import coordinator_for
+from sequence_hooks.formats import RESTART, format_named
+from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.ordering import CriticalPathOrder
-from sequence_hooks.special_kwargs import PROMISE_SYNC, SpecialKwargs
+from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.texts import decode_own, encode_merge
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
@@ -84,9 +86,9 @@ class SequenceHooks:
         # V0's `vllm:sequence_hook_*` metrics (docs/v1.md: how they reach
         # `/metrics` from the engine core's process).
         self.metrics = SequenceHookMetrics(served_model_name)
-        self.coordinator = coordinator_for(special_kwargs, self,
-                                           scheduler.max_model_len, tokenizer,
-                                           self.metrics)
+        self.coordinator = Coordinator.for_format(special_kwargs, self,
+                                                  scheduler.max_model_len,
+                                                  tokenizer, self.metrics)
         # The queues' order before each step (upstream's own heaps order
         # plain requests by priority under that policy).
         self.order = CriticalPathOrder.for_scheduler(
@@ -97,8 +99,9 @@ class SequenceHooks:
         self.sample_trees = SampleTrees()
         self.child_preemptions = ChildPreemptions()
         self.stop_strings = StopStringChecks(tokenizer)
-        self.restarts = CallRestarts(scheduler, end_requests,
-                                     special_kwargs.format != PROMISE_SYNC)
+        self.restarts = CallRestarts(
+            scheduler, end_requests, RESTART
+            in format_named(special_kwargs.format).needs)
         self.member_logprobs = MemberLogprobs()
 
     # Events.
@@ -184,8 +187,8 @@ class SequenceHooks:
 
     def added(self, request_id: str) -> None:
         """A new request: notes the samples of `n > 1` requests; an event
-        for the coordinator (APR's trees start here). A member's new call
-        (a fresh child, a call made anew) is none."""
+        for the coordinator (a format whose trees start at arrival). A
+        member's new call (a fresh child, a call made anew) is none."""
         if self.coordinator.is_member(request_id):
             return
         self.sample_trees.added(request_id)

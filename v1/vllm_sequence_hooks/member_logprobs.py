@@ -4,7 +4,7 @@
 
 A root's logprobs are its output's, which the frontend makes; a child's
 never leave the engine core, so they are kept here for its node, as a
-held root's (APR's) are, whose output is made anew at its end
+held root's are, whose output is made anew at its end
 (`output_logprob_rows`). A member that restarts its call (`Restart`)
 keeps its new call's only: the lifecycle carries the old call's over
 (`sequence_hooks.call_logprobs`).
@@ -63,7 +63,7 @@ class MemberLogprobs:
 def output_logprob_rows(token_ids: list[int],
                         entries: Optional[list[Optional[TokenLogprobs]]],
                         num_logprobs: int) -> LogprobsLists:
-    """Logprob rows of an output sent whole (a held root's, APR's): each
+    """Logprob rows of an output sent whole (a held root's): each
     token's row as the step that sampled it gave it, rebuilt from its
     entries (`CompletionOutput` form); a token with none (not sampled
     after these ids) gets the merged tokens' row.

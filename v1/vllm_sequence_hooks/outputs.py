@@ -63,7 +63,7 @@ def promise_tree(
     # Built here, frozen to users afterwards (as `LiveNode.snapshot`).
     object.__setattr__(root, "text", completion.text)
     if completion.logprobs is not None and root.logprobs is None:
-        # (A held root's, APR's, are the engine core's: its output's are
+        # (A held root's are the engine core's: its output's are
         # made anew from them, with merged tokens' rows where it has none.)
         merged = {
             i

@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 from vllm_sequence_hooks.releases import for_installed
 
-from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.ordering import eviction_order
 from vllm.utils.math_utils import cdiv
 from vllm.v1.core.sched.request_queue import RequestQueue
@@ -37,8 +37,7 @@ class KvParking:
         coordinator: Its hooks' coordinator (which members are parked).
     """
 
-    def __init__(self, scheduler: Any,
-                 coordinator: PromiseCoordinator) -> None:
+    def __init__(self, scheduler: Any, coordinator: Coordinator) -> None:
         self.scheduler = scheduler
         self.coordinator = coordinator
         # What differs on the installed vLLM release.
@@ -63,7 +62,7 @@ class KvParking:
     def _parked_requests(self) -> dict[str, float]:
         """The parked members this scheduler holds parked (`park`), with
         when each was parked. A format may park a member whose call has
-        ended (APR's root while its sub-searches run): it has no request
+        ended (a root while its fresh children run): it has no request
         here, and upstream never counted it."""
         requests = self.scheduler.requests
         return {

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Members' calls made anew on V1 (`Restart`: APR's calls, a seeded
-ThreadWeaver call after a join; `Fork.fresh`; held outputs), and the
-requests the hooks make for members.
+"""Members' calls made anew on V1 (`Restart`: a format's call on a
+rewritten text, a seeded call after a join; `Fork.fresh`; held outputs),
+and the requests the hooks make for members.
 
 A restarted call is a new `Request` under the member's id, from the
 re-tokenized prompt the format gives: the old call ends (upstream frees
@@ -125,7 +125,7 @@ class CallRestarts:
         self.held: set[str] = set()
         # Steps in flight per request id. Counted for every request, tree
         # or not: a request's first trigger may restart its call (a seeded
-        # ThreadWeaver fork with no branch) while the step scheduled before
+        # fork with no branch) while the step scheduled before
         # its tree started is in flight.
         self.in_flight: Counter = Counter()
         # New calls waiting for their old call's steps in flight.

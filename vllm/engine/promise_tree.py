@@ -3,7 +3,7 @@
 """The V0 engine's mechanics of the promise/sync lifecycle.
 
 Every decision (limits, child ids, seeds, merges, aborts, what users see)
-is made by the engine-neutral `sequence_hooks.lifecycle.PromiseCoordinator`.
+is made by the engine-neutral `sequence_hooks.lifecycle.Coordinator`.
 `V0PromiseAdapter` feeds it the V0 engine's events (a sampled hook token, a
 finished, ignored or aborted group) and carries out its actions on V0
 objects: a child is a forked `Sequence` in a `SequenceGroup` of its own that
@@ -19,7 +19,7 @@ from typing import Dict, List, Optional, Set
 from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Abort, Action, Fork,
                                     MemberResult, Park, ReportTree,
                                     RequestParams, Resume, StartTree)
-from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.ordering import CriticalPathOrder, eviction_order
 from sequence_hooks.special_kwargs import SpecialKwargs
@@ -111,7 +111,7 @@ class V0PromiseAdapter:
         self.seq_counter = seq_counter
         self.registry = registry
         self.metrics = metrics
-        self.coordinator = PromiseCoordinator.for_tokenizer(
+        self.coordinator = Coordinator.for_format(
             special_kwargs, self, max_model_len,
             detokenizer.tokenizer_group.get_lora_tokenizer(None), metrics)
         # The order the scheduler gives its queues: upstream's

@@ -10,6 +10,7 @@ configuration the hooks cannot serve fails at start with a reason.
 from typing import TYPE_CHECKING
 
 import vllm.envs as envs
+from sequence_hooks.formats import FORK, PARK_RESUME
 from sequence_hooks.special_kwargs import ModelTokens, checked_special_kwargs
 from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
 from vllm.transformers_utils.tokenizer import get_tokenizer
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
 STOCK_SCHEDULER = "vllm.core.scheduler.Scheduler"
 HOOK_SCHEDULER = (f"{SequenceHookScheduler.__module__}."
                   f"{SequenceHookScheduler.__qualname__}")
+# What this engine carries out (`sequence_hooks.formats`): a child on its
+# parent's KV and a park and resume; a format that needs more (a branch's
+# own stop ids, a conclusion, a call made anew, ...) is refused at start,
+# naming what is missing.
+CAPABILITIES = frozenset({FORK, PARK_RESUME})
 
 
 def prepare_engine_args(args: "EngineArgs") -> None:
@@ -33,7 +39,8 @@ def prepare_engine_args(args: "EngineArgs") -> None:
     Raises:
         ValueError: if an explicit choice conflicts with the hooks.
     """
-    args.special_kwargs = checked_special_kwargs(args.special_kwargs)
+    args.special_kwargs = checked_special_kwargs(args.special_kwargs,
+                                                 capabilities=CAPABILITIES)
     if envs.is_set("VLLM_USE_V1") and envs.VLLM_USE_V1:
         refuse("the V1 engine (VLLM_USE_V1=1): hooks run in the V0 engine; "
                "unset VLLM_USE_V1 or set it to 0")
@@ -108,7 +115,8 @@ def check_engine_config(config: "VllmConfig") -> None:
                                   trust_remote_code,
                                   revision=model_config.tokenizer_revision),
             model_config.get_vocab_size(),
-            model_config.hf_config.eos_token_id))
+            model_config.hf_config.eos_token_id),
+        capabilities=CAPABILITIES)
 
 
 def refuse(what: str) -> None:

@@ -15,7 +15,7 @@ merged tokens. Children promise and sync the same way, recursively.
 
 It runs the hooks' own lifecycle (`sequence_hooks.lifecycle`): every
 decision (limits, child ids, budgets, merges and their cut, the abort
-cascade, texts without hook tokens) is the `PromiseCoordinator`'s that
+cascade, texts without hook tokens) is the `Coordinator`'s that
 the hooked engines use; a `JoinTask` carries out its actions with
 requests: a fork sends the child's context as a prompt, a
 park waits, a resume sends a continuation. What stays the client's:
@@ -46,7 +46,7 @@ from typing import Any, Optional, Protocol
 
 from sequence_hooks.actions import (Abort, Action, Fork, MemberResult, Park,
                                     ReportTree, RequestParams, Resume)
-from sequence_hooks.lifecycle import PromiseCoordinator
+from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.texts import decode_own, encode_merge
 from sequence_hooks.tree import PromiseNode
@@ -245,7 +245,7 @@ class JoinResult:
 class JoinTask:
     """Runs one request's promise/sync tree from the client: the engine
     mechanics of `sequence_hooks.lifecycle` done with requests (it carries
-    out the actions), every decision left to its `PromiseCoordinator`.
+    out the actions), every decision left to its `Coordinator`.
 
     Args:
         task_id: Unique id; request ids derive from it.
@@ -279,8 +279,8 @@ class JoinTask:
         self.sender = sender
         self.options = options or (lambda role, sampled: {})
         self.on_done = on_done
-        self.coordinator = PromiseCoordinator.for_tokenizer(
-            special_kwargs, self, max_model_len, tokenizer)
+        self.coordinator = Coordinator.for_format(special_kwargs, self,
+                                                  max_model_len, tokenizer)
         self.sequences = {
             task_id:
             JoinSequence(task_id, (), new_text(tokenizer, self.prompt_ids),
@@ -328,6 +328,11 @@ class JoinTask:
 
     # What the engine sampled: the coordinator's events.
 
+    def _params(self) -> RequestParams:
+        """The request's parameters, as the lifecycle reads them."""
+        return RequestParams(prompt_len=len(self.prompt_ids),
+                             max_tokens=self.max_tokens)
+
     def _on_output(self, seq: JoinSequence, request_id: str,
                    token_ids: list[int], finish_reason: Optional[str]) -> None:
         if seq.request_id != request_id:
@@ -340,10 +345,8 @@ class JoinTask:
             last = finish_reason is not None and i == len(token_ids) - 1
             if token_id == self.special_kwargs.promise_token_id and not last:
                 self._carry_out(
-                    self.coordinator.promise(
-                        member_id, len(seq.text.ids),
-                        RequestParams(prompt_len=len(self.prompt_ids),
-                                      max_tokens=self.max_tokens)))
+                    self.coordinator.sampled(member_id, token_id,
+                                             len(seq.text.ids), self._params))
         if finish_reason is None:
             return
         seq.request_id = None
@@ -356,7 +359,9 @@ class JoinTask:
                 # last allowed token ends the sequence.
                 self._finish(seq, member_id, "length")
             else:
-                actions = self.coordinator.sync(member_id, len(seq.text.ids))
+                actions = self.coordinator.sampled(member_id, own[-1],
+                                                   len(seq.text.ids),
+                                                   self._params)
                 if not actions:
                     # An ordinary `<sync>`: the sequence goes on.
                     self._send(seq)

@@ -51,7 +51,7 @@ from transformers import PreTrainedTokenizerFast
 
 BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
 # The generator's side of the format (search.py); the controller's side
-# reads it (`sequence_hooks.apr`). Kept apart so that training needs no
+# reads it (`sequence_hooks.formats.apr`). Kept apart so that training needs no
 # engine package.
 CALL, CALL_END = "<Calling Sub Searches>\n", "<End Calling Sub Searches>"
 # Every printable ASCII character is a token of its own (digits too), so

@@ -22,7 +22,7 @@ class SequenceHookOutputProcessor(SingleStepOutputProcessor):
 
     Each sampled token first goes through the stock processing (append,
     detokenize, stop check). Then the group goes to the engine's
-    `V0PromiseAdapter`, whose engine-neutral `PromiseCoordinator`
+    `V0PromiseAdapter`, whose engine-neutral `Coordinator`
     (`sequence_hooks.lifecycle`) decides what follows:
 
     - `<promise>` spawns a child sequence group whose sequence is a fork of

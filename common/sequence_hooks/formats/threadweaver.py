@@ -12,7 +12,8 @@ header (the first thread's own, ``"<Thread>\\n{label}:"`` for the others),
 its tokens cut before an EOS, and ``"\\n</Thread>"`` unless it stopped at
 `</Thread>`; then ``"\\n</Parallel>"`` and the end if a thread hit EOS or
 its length, else ``"\\n"``. At most 32 steps (16 rounds). With
-``no_conclusion=False`` each suffix opens an empty `<Conclusion>`.
+the option ``no_conclusion`` false each suffix opens an empty
+`<Conclusion>`.
 """
 
 import re
@@ -20,12 +21,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sequence_hooks.format_lifecycle import Branch, BranchResult, Joined
-from sequence_hooks.special_kwargs import FORMAT_TAGS
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as options_dataclass
 
+from sequence_hooks.fork_join import (NEEDS, Branch, BranchResult,
+                                      ForkJoinPolicy, Joined)
+from sequence_hooks.formats import Format, FormatSetting
+from sequence_hooks.lifecycle import Coordinator
+
+NAME = "threadweaver"
 LABEL_PATTERN = re.compile(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:")
 # The tags the format reads, by role; each must be one token.
-TAGS = FORMAT_TAGS["threadweaver"]
+TAGS = {
+    "outlines": "<Outlines>",
+    "trigger": "</Outlines>",
+    "thread_end": "</Thread>",
+}
 CLOSURE = "\n</Thread>"
 CONTINUATION, FINAL = "\n", "\n</Parallel>"
 CONCLUSION_CONTINUATION = "\n<Conclusion>\n"
@@ -141,3 +152,29 @@ class ThreadWeaverFormat:
             suffix = (CONTINUATION
                       if self.no_conclusion else CONCLUSION_CONTINUATION)
         return Joined(tuple(token_ids + self.encode(suffix)), ended)
+
+
+@options_dataclass(config=ConfigDict(extra="forbid", strict=True))
+class ThreadWeaverOptions:
+    """ThreadWeaver's options (``format_options``)."""
+
+    no_conclusion: bool = True
+    """Its controller's ``no_conclusion``: True, its released setting;
+    False: each join's suffix opens an empty `<Conclusion>`."""
+
+
+def _policy(coordinator: Coordinator,
+            setting: FormatSetting) -> ForkJoinPolicy:
+    return ForkJoinPolicy(
+        coordinator,
+        ThreadWeaverFormat.for_tokenizer(setting.tokenizer, setting.tags,
+                                         setting.options.no_conclusion))
+
+
+FORMAT = Format(name=NAME,
+                policy=_policy,
+                needs=NEEDS,
+                tags=TAGS,
+                options=ThreadWeaverOptions,
+                summary="outlines fork threads, joined by its controller's "
+                "template")

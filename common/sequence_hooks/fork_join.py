@@ -1,18 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The lifecycle of a fork/join format whose model forks at a trigger
-token: what the published formats need beside promise/sync
-(docs/formats.md; ThreadWeaver's is `sequence_hooks.threadweaver`).
+"""The policy of a format whose model forks at a trigger token: a
+building block for formats (ThreadWeaver's is
+`sequence_hooks.formats.threadweaver`; docs/formats.md, "Adding a
+format", builds one on it).
 
-`FormatCoordinator` is `PromiseCoordinator` with other events: a member
-that samples the format's trigger token forks the branches the format
-reads from its context, each with its own forced header tokens and stop
-ids, and is parked at the trigger (no sync token); once they have all
-finished it gets the join the format builds from their tokens (a template
-at token level) and resumes, or ends there (`Conclude`) when the format,
-its step limit, the budget or the model length says so. Branches never
-fork again. Everything else (records, aborts, trees, metrics) is the
-promise/sync lifecycle's.
+`ForkJoinPolicy`: a member that samples the format's trigger token forks
+the branches the format reads from its context, each with its own forced
+header tokens and stop ids, and is parked at the trigger; once they have
+all finished it gets the join the format builds from their tokens (a
+template at token level) and resumes, or ends there (`Conclude`) when the
+format, its step limit, the budget or the model length says so. Branches
+never fork again.
 
 A format is data plus two functions (`ForkJoinFormat`): which branches a
 context forks, and what their results join into.
@@ -23,11 +22,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Action, Conclude,
-                                    EngineQueries, RequestParams, Restart,
-                                    Resume, StartTree)
-from sequence_hooks.lifecycle import PromiseCoordinator
+                                    RequestParams, Restart, Resume, StartTree)
+from sequence_hooks.formats import (BRANCH_STOPS, CONCLUDE, FORK, PARK_RESUME,
+                                    RESTART)
+from sequence_hooks.lifecycle import Coordinator, FormatPolicy
 from sequence_hooks.members import Member
-from sequence_hooks.special_kwargs import SpecialKwargs
+
+# What `ForkJoinPolicy`'s actions need of an engine (a format built on it
+# declares these as its `Format.needs`).
+NEEDS = frozenset({FORK, PARK_RESUME, BRANCH_STOPS, CONCLUDE, RESTART})
 
 
 @dataclass(frozen=True)
@@ -81,25 +84,19 @@ class ForkJoinFormat(Protocol):
         ...
 
 
-class FormatCoordinator(PromiseCoordinator):
-    """Every fork/join decision of one engine's trees in a format.
+class ForkJoinPolicy(FormatPolicy):
+    """The decisions of a format that forks at a trigger token.
 
     Args:
+        coordinator: The coordinator it decides for (its
+            `special_kwargs`' `max_children_per_sequence` caps the
+            branches of one fork).
         fork_join_format: The format.
-        special_kwargs: The limits (`max_children_per_sequence` caps the
-            branches of one fork; `critical_path_first`).
-        queries: What the coordinator asks the engine (read-only).
-        max_model_len: The engine's longest sequence.
-        metrics: `SequenceHookMetrics` to update; None: none.
     """
 
-    def __init__(self,
-                 fork_join_format: ForkJoinFormat,
-                 special_kwargs: SpecialKwargs,
-                 queries: EngineQueries,
-                 max_model_len: int,
-                 metrics=None):
-        super().__init__(special_kwargs, queries, max_model_len, (), metrics)
+    def __init__(self, coordinator: Coordinator,
+                 fork_join_format: ForkJoinFormat) -> None:
+        super().__init__(coordinator)
         self.format = fork_join_format
         # Per forking root, the controller's steps so far.
         self._steps: dict[str, int] = {}
@@ -125,14 +122,17 @@ class FormatCoordinator(PromiseCoordinator):
             its `Park`, or `Conclude` past the step limit; none without a
             branch.
         """
-        if token_id != self.format.trigger_id or self.is_child(member_id):
+        coordinator = self.coordinator
+        if (token_id != self.format.trigger_id
+                or coordinator.is_child(member_id)):
             return []
         actions: list[Action] = []
-        member = self._members.get(member_id)
+        member = coordinator.member(member_id)
         if member is None:
-            member = self._track_root(member_id, params())
+            member = coordinator.track_root(member_id, params())
             actions.append(StartTree(member_id, member.tree.state))
-        branches = self.format.branches(self.queries.token_ids(member_id))
+        branches = self.format.branches(
+            coordinator.queries.token_ids(member_id))
         # The trigger ended a call: the next (a fork, or decoding on) is
         # another step.
         steps = self._steps[member_id] = self._steps.get(member_id, 1) + 1
@@ -141,9 +141,10 @@ class FormatCoordinator(PromiseCoordinator):
         # The limits may refuse branches (the controller has none); with
         # none left, the member decodes on as after outlines with no label.
         tree = member.tree.state
-        forked = branches[:self.special_kwargs.fork_limit(tree.num_spawned)]
+        forked = branches[:coordinator.special_kwargs.fork_limit(tree.
+                                                                 num_spawned)]
         tree.num_refused += len(branches) - len(forked)
-        if any(length + len(branch.context_tokens) >= self.max_model_len
+        if any(length + len(branch.context_tokens) >= coordinator.max_model_len
                for branch in forked):
             # A branch with no room to sample (the controller's server
             # refuses its call): none forks, the member decodes on to the
@@ -155,17 +156,17 @@ class FormatCoordinator(PromiseCoordinator):
         for branch in forked:
             # Each branch is a call of its own, with the request's seed.
             actions.append(
-                self._fork(member, length, branch.context_tokens, member.seed,
-                           None, branch.stop_token_ids, branch.label))
-        actions.append(self._park(member, length))
+                coordinator.fork(member, length, branch.context_tokens,
+                                 member.seed, None, branch.stop_token_ids,
+                                 branch.label))
+        actions.append(coordinator.park(member, length))
         return actions
 
-    def _merge(self, member: Member, length: int) -> list[Action]:
+    def children_done(self, member: Member, length: int) -> list[Action]:
         """The branches' join, by the format's template: the member's
         resume, or its end."""
-        tree, node = member.tree.state, member.node
-        children = tree.take_unmerged(node)
-        self._unpark(node)
+        coordinator, node = self.coordinator, member.node
+        children = coordinator.take_finished_children(member)
         joined = self.format.join([
             BranchResult(child.label or "", tuple(child.token_ids),
                          child.finish_reason or "abort") for child in children
@@ -176,12 +177,11 @@ class FormatCoordinator(PromiseCoordinator):
         budget = member.tree.params.max_tokens
         used = length - member.start
         final = (joined.final or self._steps[root_id] > self.format.max_steps
-                 or length + len(token_ids) >= self.max_model_len
+                 or length + len(token_ids) >= coordinator.max_model_len
                  or budget is not None and used + len(token_ids) >= budget)
         if budget is not None:
             token_ids = token_ids[:max(budget - used, 0)]
-        tree.record_merged_tokens(node, used, len(token_ids))
-        self.metrics.merged_tokens.inc(len(token_ids))
+        coordinator.record_merged(member, used, len(token_ids))
         if final:
             return [Conclude(root_id, token_ids, MERGED_TOKEN_LOGPROB)]
         return self._next_call(member, length, token_ids)
@@ -193,8 +193,9 @@ class FormatCoordinator(PromiseCoordinator):
         seeds every call with the request's seed: on an engine that keeps
         a resumed request's generator, a seeded root's next call is a new
         one (`Restart`), its budget what is left."""
+        queries = self.coordinator.queries
         root_id = member.node.request_id
-        if member.seed is None or self.queries.reseeds_on_resume(
+        if member.seed is None or queries.reseeds_on_resume(
                 root_id, len(token_ids)):
             # No join: the member decodes on, no event.
             return [
@@ -203,11 +204,11 @@ class FormatCoordinator(PromiseCoordinator):
         budget = member.tree.params.max_tokens
         left = (None if budget is None else budget - (length - member.start) -
                 len(token_ids))
-        context = (*self.queries.token_ids(root_id), *token_ids)
+        context = (*queries.token_ids(root_id), *token_ids)
         return [
             Restart(root_id, context, token_ids, MERGED_TOKEN_LOGPROB, left)
         ]
 
-    def _forget(self, member: Member) -> None:
+    def forget(self, member: Member) -> None:
+        """Drops the tree's step count."""
         self._steps.pop(member.tree.state.root.request_id, None)
-        super()._forget(member)

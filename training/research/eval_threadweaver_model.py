@@ -9,7 +9,7 @@ product of the groups the controller forks), the share of exact traces
 (every token as a perfect model's), both per case of the task, and which
 of the controller's cases the answers went through.
 
-Usage (in .venv-v1): python models/research/eval_threadweaver_model.py
+Usage (in .venv-v1): python training/research/eval_threadweaver_model.py
     [MODEL] [--tasks 200] [--seed 1000] [--url URL] [--max-tokens 160]
 """
 

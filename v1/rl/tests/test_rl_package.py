@@ -13,7 +13,7 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = "vllm_sequence_hooks_rl"
 
 

@@ -10,7 +10,7 @@ the children's results, the controller's errors, and what the traces'
 lines show of the format and the arithmetic; and, for scale, how many of
 the same tasks the training data's own search solves.
 
-Usage (in .venv-v1): python models/research/eval_apr_model.py [MODEL]
+Usage (in .venv-v1): python training/research/eval_apr_model.py [MODEL]
     [--tasks 100] [--seed 1000] [--url URL] [--max-tokens 1024]
     [--show 1]
 """
@@ -21,7 +21,7 @@ import random
 import re
 from pathlib import Path
 
-from sequence_hooks.apr import search_result
+from sequence_hooks.formats.apr import search_result
 from sequence_hooks_testkit.formats.apr_controller import (APRController,
                                                            run_apr)
 from sequence_hooks_testkit.formats.run_threadweaver import backend_for

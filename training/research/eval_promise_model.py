@@ -6,7 +6,7 @@ Held-out tasks solved in parallel, and whether the conclusion follows
 answers forced on the children (how:
 `sequence_hooks_testkit.training.expand_eval`). Prints a JSON report.
 
-Usage: .venv/bin/python models/research/eval_promise_model.py MODEL_DIR
+Usage: .venv/bin/python training/research/eval_promise_model.py MODEL_DIR
     [--tasks 200] [--interventions 100] [--seed 1000]
 """
 

@@ -10,7 +10,7 @@ one child per country. Sorted by how far the parallel form is behind, so
 the names that cost it most come first; then the forms compared with the
 country as the unit.
 
-Usage: .venv/bin/python models/research/eval_by_country.py
+Usage: .venv/bin/python training/research/eval_by_country.py
     REPORT [REPORT ...]
 """
 

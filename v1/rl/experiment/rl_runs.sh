@@ -8,7 +8,7 @@
 # editable installs point at this checkout, which moves on), so the code
 # that runs is the commit's whatever this checkout holds.
 #
-# Usage: models/rl_runs.sh COMMIT [RUN ...]
+# Usage: v1/rl/experiment/rl_runs.sh COMMIT [RUN ...]
 #   RUN: before, or <arm><seed> (A0 ... C2); default: all ten in order
 #   (name the ones not in rl_arms.json yet, e.g. B0 C0 A1 B1 C1 A2 B2 C2).
 # Each run's output goes to $RL_LOGS (default /tmp/rl-runs): RUN.out,
@@ -17,7 +17,7 @@
 # written to the worktree's models/smollm2-promise/rl_arms.json (and its
 # plot): copy them here and commit after each run.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../../.." && pwd)
 commit=${1:?give the experiment commit}
 shift
 logs=${RL_LOGS:-/tmp/rl-runs}
@@ -31,6 +31,10 @@ if [ ! -d "$tree" ]; then
   cp "$root/$results" "$tree/$results"
 fi
 [ "$(git -C "$tree" rev-parse HEAD)" = "$(git -C "$root" rev-parse "$commit")" ]
+# The script as the commit has it: the recorded runs' commits predate its
+# move from models/ to v1/rl/experiment/.
+script=v1/rl/experiment/rl_capitals.py
+[ -e "$tree/$script" ] || script=models/rl_capitals.py
 export PYTHONPATH=$tree/common:$tree/v1:$tree/v1/rl:$tree/testkit
 runs=("$@")
 if [ ${#runs[@]} -eq 0 ]; then
@@ -45,7 +49,7 @@ for run in "${runs[@]}"; do
     args=(--arm "${run:0:1}" --seed "${run:1}")
   fi
   echo "$(date -u +%FT%TZ) start $run" >>"$logs/runs.log"
-  (cd "$tree" && "$root/.venv-rl/bin/python" models/rl_capitals.py \
+  (cd "$tree" && "$root/.venv-rl/bin/python" "$script" \
     "${args[@]}" >"$logs/$run.out" 2>"$logs/$run.err")
   touch "$logs/$run.done"
   echo "$(date -u +%FT%TZ) done $run" >>"$logs/runs.log"

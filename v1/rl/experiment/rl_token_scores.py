@@ -16,8 +16,8 @@ training's). A tree is one packed row (`vllm_sequence_hooks_rl.packing`):
 each token sees what it was generated after, at its position.
 
 Usage (in `.venv-rl`; no engine, transformers only):
-    python models/rl_token_scores.py --model CHECKPOINT --reference START \
-        --set COMMON_SET.json --out SCORES.json
+    python v1/rl/experiment/rl_token_scores.py --model CHECKPOINT \
+        --reference START --set COMMON_SET.json --out SCORES.json
 """
 
 import argparse

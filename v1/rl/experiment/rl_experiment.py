@@ -70,10 +70,13 @@ P4_MAX_DEFICIT_TO_C = 0.02
 RAW_KEYS = ("commit", "code_dirty", "steps", "minutes", "settings", "log",
             "eval_seconds", "per_task", "common_set_scores")
 # The files the experiment's code is: a part records whether they differed
-# from its commit when it ran.
-CODE_FILES = ("models/rl_capitals.py", "models/rl_eval.py",
-              "models/rl_experiment.py", "models/rl_seeds.py",
-              "models/rl_token_scores.py",
+# from its commit when it ran (parts recorded before these scripts moved
+# from models/ to v1/rl/experiment/ checked them at their old paths; a
+# part records only the commit and that flag, never the paths).
+CODE_FILES = ("v1/rl/experiment/rl_capitals.py", "v1/rl/experiment/rl_eval.py",
+              "v1/rl/experiment/rl_experiment.py",
+              "v1/rl/experiment/rl_seeds.py",
+              "v1/rl/experiment/rl_token_scores.py",
               "testkit/sequence_hooks_testkit/training/capitals_task.py",
               "v1/rl/vllm_sequence_hooks_rl", "v1/vllm_sequence_hooks",
               "common/sequence_hooks")

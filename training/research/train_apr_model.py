@@ -14,7 +14,7 @@ packed into rows, each seeing only itself, its positions from 0. The loss
 is on what the model writes: not on the prompt, not on the
 ``<Sub Searches>`` ... ``<End Sub Searches>`` block the controller joins.
 
-Usage: .venv/bin/python models/research/train_apr_model.py [--out DIR]
+Usage: .venv/bin/python training/research/train_apr_model.py [--out DIR]
     [--steps 480] [--rows 4] [--width 1024] [--lr 5e-3] [--layers 4]
     [--seed 0] [--init DIR]
 """

@@ -23,7 +23,7 @@ Trained: a LoRA adapter on every linear layer of the top blocks
 the new rows, which `sequence_hooks_testkit.training.prepare_base_model`
 merges into the base checkpoint.
 
-Usage: .venv/bin/python models/research/train_real_model.py [--out DIR]
+Usage: .venv/bin/python training/research/train_real_model.py [--out DIR]
     [--steps 160] [--tasks-per-step 6] [--seed 3] [--lora-first-block 12]
     [--all-countries] [--threads 2]
 """

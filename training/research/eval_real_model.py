@@ -20,10 +20,10 @@ from how well its conclusion copies it, the texts cut at the token limit
 (a sentence repeated until then leaves no conclusion), and the countries
 only one form gets right, with a sign test. Prints a JSON report.
 
-Usage: .venv/bin/python models/research/eval_real_model.py [--tasks 56]
+Usage: .venv/bin/python training/research/eval_real_model.py [--tasks 56]
     [--seeds 1000 3000 4000] [--confusable]
     [--model CHECKPOINT | --delta DIR]
-    .venv-v1/bin/python models/research/eval_real_model.py --engine v1 ...
+    .venv-v1/bin/python training/research/eval_real_model.py --engine v1 ...
 """
 
 import argparse

@@ -13,7 +13,7 @@ follows them), so it learns to read the merged results instead of working
 them out from its prompt. Every answer is checkable by a program, and
 children write enough tokens for parallelism to matter.
 
-Usage: .venv/bin/python models/research/train_promise_model.py [--out DIR]
+Usage: .venv/bin/python training/research/train_promise_model.py [--out DIR]
     [--steps 2500] [--seed 0]
 """
 

@@ -15,7 +15,7 @@ context it forked from, at the positions its own request has. The loss is
 on what the model writes (headers, closures and suffixes are the
 controller's).
 
-Usage: .venv/bin/python models/research/train_threadweaver_model.py
+Usage: .venv/bin/python training/research/train_threadweaver_model.py
     [--out DIR] [--steps 400] [--rows 4] [--lr 5e-3] [--layers 4] [--seed 0]
     [--init DIR]
 """
