@@ -11,7 +11,7 @@ users get back (`PromiseNode`), flattened for training
 (`training_records`). It imports no vLLM module.
 """
 
-from sequence_hooks.actions import EngineQueries, child_request_id
+from sequence_hooks.actions import child_request_id
 from sequence_hooks.formats import Format, register_format
 from sequence_hooks.lifecycle import Coordinator, FormatPolicy
 from sequence_hooks.special_kwargs import SpecialKwargs
@@ -19,7 +19,6 @@ from sequence_hooks.training_records import SequenceRecord, training_records
 from sequence_hooks.tree import PromiseNode
 
 __all__ = [
-    "Coordinator", "EngineQueries", "Format", "FormatPolicy", "PromiseNode",
-    "SequenceRecord", "SpecialKwargs", "child_request_id", "register_format",
-    "training_records"
+    "Coordinator", "Format", "FormatPolicy", "PromiseNode", "SequenceRecord",
+    "SpecialKwargs", "child_request_id", "register_format", "training_records"
 ]

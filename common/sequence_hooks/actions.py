@@ -5,9 +5,8 @@
 The lifecycle (`sequence_hooks.lifecycle.Coordinator`) is a
 "sans-IO" core, as h11 and h2 are for HTTP: an engine feeds it events and
 gets back a list of actions, plain values it carries out where it already
-holds its step's context. The coordinator never calls into an engine to
-change it; what it must ask (`EngineQueries`) is read-only and fixed when
-the coordinator is made.
+holds its step's context. The coordinator never calls into an engine:
+what it reads comes with the events.
 
 - What the engine reports: `RequestParams` (a request's parameters, read
   at a root's first promise) and `MemberResult` (what a finished member
@@ -19,7 +18,7 @@ the coordinator is made.
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Optional, Union
 
 from sequence_hooks.tree import LiveTree, PromiseNode, TokenLogprobs
 
@@ -74,10 +73,16 @@ class RequestParams:
     seed: Optional[int] = None
     # The request's stop strings.
     stop: tuple[str, ...] = ()
+    # The request's own text codec (`sequence_hooks.texts.Texts`: a LoRA
+    # adapter's tokenizer); None: the model's.
+    texts: Any = None
 
     @classmethod
-    def of(cls, prompt_len: int, max_tokens: Optional[int],
-           sampling_params: Any) -> "RequestParams":
+    def of(cls,
+           prompt_len: int,
+           max_tokens: Optional[int],
+           sampling_params: Any,
+           texts: Any = None) -> "RequestParams":
         """What the lifecycle reads of a vLLM request, either engine's.
 
         Args:
@@ -85,12 +90,14 @@ class RequestParams:
             max_tokens: Its own-token budget (the engine's reading of it).
             sampling_params: Its `SamplingParams` (`min_tokens`, `seed`,
                 `stop`: the same fields on V0 and V1).
+            texts: Its own text codec, if not the model's.
 
         Returns:
             The parameters.
         """
-        return cls(prompt_len, max_tokens, sampling_params.min_tokens,
-                   sampling_params.seed, tuple(sampling_params.stop or ()))
+        return cls(prompt_len, max_tokens,
+                   sampling_params.min_tokens, sampling_params.seed,
+                   tuple(sampling_params.stop or ()), texts)
 
 
 @dataclass(frozen=True)
@@ -169,8 +176,9 @@ class Resume:
     token_ids: tuple[int, ...]
     # The logprob each merged token gets where logprobs are reported.
     token_logprob: float
-    # Re-create the member's random generator from this seed (the engine
-    # said it would, `EngineQueries.reseeds_on_resume`); None: keep it.
+    # Re-create the member's random generator from this seed (an engine
+    # that re-creates it at a resume, `Coordinator.reseeds_on_resume`);
+    # None: keep it.
     seed: Optional[int]
 
 
@@ -209,7 +217,9 @@ class Restart:
 
 @dataclass(frozen=True)
 class Abort:
-    """Abort live members, deepest first; no output for them."""
+    """Abort members, deepest first; no output for them. A member the
+    engine has finished already (its finish not reported yet) is skipped:
+    the lifecycle recorded it aborted, and its report is void."""
 
     member_ids: tuple[str, ...]
 
@@ -227,38 +237,3 @@ class ReportTree:
 
 Action = Union[StartTree, Fork, Park, Resume, Conclude, Restart, Abort,
                ReportTree]
-
-
-class EngineQueries(Protocol):
-    """What the coordinator asks an engine; nothing here changes it."""
-
-    def engine_finished(self, member_id: str) -> bool:
-        """Whether the engine has finished a member whose finish it has
-        not reported yet (it will)."""
-        ...
-
-    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
-        """Whether a resume of a seeded member appending ``num_tokens``
-        re-creates its random generator (an engine that prefills the
-        merged tokens as a new sequence does)."""
-        ...
-
-    def token_ids(self, member_id: str) -> list[int]:
-        """A live member's whole token ids: its context and own tokens
-        (a format reads labels from them)."""
-        ...
-
-    def sampled_logprobs(self, member_id: str) -> Optional[list]:
-        """A live member's current call's sampled tokens' logprobs so far
-        (a format that restarts calls keeps them); None if its request
-        asked for none."""
-        ...
-
-    def encode(self, member_id: str, text: str) -> list[int]:
-        """Token ids of text merged into a member; text that spells a
-        special token must stay text."""
-        ...
-
-    def decode(self, member_id: str, token_ids: list[int]) -> str:
-        """The text of a member's own tokens (hook tokens left out)."""
-        ...

@@ -19,7 +19,7 @@ context forks, and what their results join into.
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Optional, Protocol
 
 from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Action, Conclude,
                                     RequestParams, Restart, Resume, StartTree)
@@ -100,22 +100,19 @@ class ForkJoinPolicy(FormatPolicy):
         self.format = fork_join_format
         # Per forking root, the controller's steps so far.
         self._steps: dict[str, int] = {}
+        # Per parked root, its whole token ids at the fork.
+        self._contexts: dict[str, tuple[int, ...]] = {}
 
     @property
     def forking_token_id(self) -> int:
         """The format's trigger."""
         return self.format.trigger_id
 
-    def sampled(self, member_id: str, token_id: int, length: int,
-                params: Callable[[], RequestParams]) -> list[Action]:
-        """A member sampled ``token_id``: the trigger forks its branches
-        and parks it; any other token is no event.
-
-        Args:
-            member_id: The sampling member (any request the first time).
-            token_id: The token it sampled last.
-            length: Its token count, the token included.
-            params: Reads its request's parameters (at a first trigger).
+    def sampled(self, member_id: str, token_ids: Sequence[int],
+                params: Callable[[], RequestParams],
+                logprobs: Optional[list]) -> list[Action]:
+        """The trigger forks the branches the member's context names and
+        parks it; any other token is no event.
 
         Returns:
             `StartTree` at a request's first trigger; then its `Fork`s and
@@ -123,16 +120,16 @@ class ForkJoinPolicy(FormatPolicy):
             branch.
         """
         coordinator = self.coordinator
-        if (token_id != self.format.trigger_id
+        if (token_ids[-1] != self.format.trigger_id
                 or coordinator.is_child(member_id)):
             return []
+        length = len(token_ids)
         actions: list[Action] = []
         member = coordinator.member(member_id)
         if member is None:
             member = coordinator.track_root(member_id, params())
             actions.append(StartTree(member_id, member.tree.state))
-        branches = self.format.branches(
-            coordinator.queries.token_ids(member_id))
+        branches = self.format.branches(token_ids)
         # The trigger ended a call: the next (a fork, or decoding on) is
         # another step.
         steps = self._steps[member_id] = self._steps.get(member_id, 1) + 1
@@ -152,7 +149,7 @@ class ForkJoinPolicy(FormatPolicy):
             forked = []
         if not forked:
             # The controller's next call, sequential again.
-            return actions + self._next_call(member, length, ())
+            return actions + self._next_call(member, tuple(token_ids), ())
         for branch in forked:
             # Each branch is a call of its own, with the request's seed.
             actions.append(
@@ -160,6 +157,8 @@ class ForkJoinPolicy(FormatPolicy):
                                  member.seed, None, branch.stop_token_ids,
                                  branch.label))
         actions.append(coordinator.park(member, length))
+        # Parked, its tokens stay these until the join.
+        self._contexts[member_id] = tuple(token_ids)
         return actions
 
     def children_done(self, member: Member, length: int) -> list[Action]:
@@ -182,21 +181,22 @@ class ForkJoinPolicy(FormatPolicy):
         if budget is not None:
             token_ids = token_ids[:max(budget - used, 0)]
         coordinator.record_merged(member, used, len(token_ids))
+        context = self._contexts.pop(root_id)
         if final:
             return [Conclude(root_id, token_ids, MERGED_TOKEN_LOGPROB)]
-        return self._next_call(member, length, token_ids)
+        return self._next_call(member, context, token_ids)
 
-    def _next_call(self, member: Member, length: int,
+    def _next_call(self, member: Member, context: tuple[int, ...],
                    token_ids: tuple[int, ...]) -> list[Action]:
-        """The root's next call after a step, ``token_ids`` joined: its
-        resume, or none (no join) for an unseeded root. The controller
-        seeds every call with the request's seed: on an engine that keeps
-        a resumed request's generator, a seeded root's next call is a new
-        one (`Restart`), its budget what is left."""
-        queries = self.coordinator.queries
+        """The root's next call after a step, from its whole ``context``
+        with ``token_ids`` joined: its resume, or none (no join) for an
+        unseeded root. The controller seeds every call with the request's
+        seed: on an engine that keeps a resumed request's generator, a
+        seeded root's next call is a new one (`Restart`), its budget what
+        is left."""
         root_id = member.node.request_id
-        if member.seed is None or queries.reseeds_on_resume(
-                root_id, len(token_ids)):
+        length = len(context)
+        if member.seed is None or self.coordinator.reseeds_on_resume:
             # No join: the member decodes on, no event.
             return [
                 Resume(root_id, token_ids, MERGED_TOKEN_LOGPROB, member.seed)
@@ -204,11 +204,13 @@ class ForkJoinPolicy(FormatPolicy):
         budget = member.tree.params.max_tokens
         left = (None if budget is None else budget - (length - member.start) -
                 len(token_ids))
-        context = (*queries.token_ids(root_id), *token_ids)
         return [
-            Restart(root_id, context, token_ids, MERGED_TOKEN_LOGPROB, left)
+            Restart(root_id, (*context, *token_ids), token_ids,
+                    MERGED_TOKEN_LOGPROB, left)
         ]
 
     def forget(self, member: Member) -> None:
-        """Drops the tree's step count."""
-        self._steps.pop(member.tree.state.root.request_id, None)
+        """Drops the tree's step count and parked context."""
+        root_id = member.tree.state.root.request_id
+        self._steps.pop(root_id, None)
+        self._contexts.pop(root_id, None)

@@ -31,18 +31,17 @@ Child ids and seeds: `sequence_hooks.actions.child_request_id` and
 `derive_seed`.
 """
 
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
-from sequence_hooks.actions import (Abort, Action, EngineQueries, Fork,
-                                    MemberResult, Park, ReportTree,
-                                    RequestParams, child_request_id)
+from sequence_hooks.actions import (Abort, Action, Fork, MemberResult, Park,
+                                    ReportTree, RequestParams,
+                                    child_request_id)
+from sequence_hooks.counts import HookCounts
 from sequence_hooks.formats import FormatSetting, format_named
 from sequence_hooks.members import Member, TreeRecord
-from sequence_hooks.metrics import NoMetrics
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.texts import without_hook_tokens
+from sequence_hooks.texts import TokenizerTexts, Texts, without_hook_tokens
 from sequence_hooks.tree import LiveNode, LiveTree
 
 
@@ -80,15 +79,10 @@ class FormatPolicy:
         """
         return []
 
-    def sampled(self, member_id: str, token_id: int, length: int,
-                params: Callable[[], RequestParams]) -> list[Action]:
-        """A member sampled ``token_id``.
-
-        Args:
-            member_id: The sampling member (any request the first time).
-            token_id: The token it sampled last.
-            length: Its token count, the token included.
-            params: Reads its request's parameters (for a new root).
+    def sampled(self, member_id: str, token_ids: Sequence[int],
+                params: Callable[[], RequestParams],
+                logprobs: Optional[list]) -> list[Action]:
+        """A member sampled a token (`Coordinator.sampled`).
 
         Returns:
             The actions to carry out, in order.
@@ -139,29 +133,42 @@ class FormatPolicy:
 class Coordinator:
     """Every record of one engine's trees, in one format.
 
+    It asks the engine nothing: what it reads comes with each event, and
+    what it counts (`counts`) an adapter exports.
+
     Args:
         policy: Makes the format's policy for this coordinator
             (``policy(coordinator)``).
         special_kwargs: The hook configuration, resolved to ids.
-        queries: What the coordinator asks the engine (read-only).
         max_model_len: The engine's longest sequence.
+        texts: The model's text codec (`sequence_hooks.texts.Texts`): a
+            join's text to ids, a member's ids to its text.
+        clock: Seconds of a monotonic clock (how long members are
+            parked).
+        reseeds_on_resume: Whether the engine re-creates a resumed
+            member's random generator (V0, which prefills the merged
+            tokens anew): a seeded member then gets a new seed at each
+            resume (`actions.Resume.seed`).
         hook_token_strings: The hook tokens' strings, removed from texts.
-        metrics: `SequenceHookMetrics` to update; None: none.
     """
 
     def __init__(self,
                  policy: Callable[["Coordinator"], FormatPolicy],
                  special_kwargs: SpecialKwargs,
-                 queries: EngineQueries,
                  max_model_len: int,
-                 hook_token_strings: Sequence[str] = (),
-                 metrics=None):
+                 texts: Texts,
+                 *,
+                 clock: Callable[[], float],
+                 reseeds_on_resume: bool = False,
+                 hook_token_strings: Sequence[str] = ()):
         self.special_kwargs = special_kwargs
-        self.queries = queries
         self.max_model_len = max_model_len
+        self.texts = texts
+        self.clock = clock
+        self.reseeds_on_resume = reseeds_on_resume
         self.hook_token_ids = special_kwargs.hook_token_ids
         self.hook_token_strings = list(hook_token_strings)
-        self.metrics = metrics if metrics is not None else NoMetrics()
+        self.counts = HookCounts()
         # Every member of a live tree, by request id.
         self._members: dict[str, Member] = {}
         # When each parked member was parked, by request id.
@@ -171,21 +178,23 @@ class Coordinator:
     @classmethod
     def for_format(cls,
                    special_kwargs: SpecialKwargs,
-                   queries: EngineQueries,
                    max_model_len: int,
                    tokenizer: Any,
-                   metrics=None) -> "Coordinator":
+                   *,
+                   clock: Callable[[], float],
+                   reseeds_on_resume: bool = False) -> "Coordinator":
         """The coordinator of an engine's trees in its configured format
         (`sequence_hooks.formats`).
 
         Args:
             special_kwargs: The hook configuration, resolved to ids (its
                 ``format`` checked at start: `checked_special_kwargs`).
-            queries: What the coordinator asks the engine (read-only).
             max_model_len: The engine's longest sequence.
             tokenizer: The engine's (Hugging Face) tokenizer: it spells
-                the hook tokens, and the format reads its tags with it.
-            metrics: The hook metrics (`SequenceHookMetrics`), if exported.
+                the hook tokens, codes joins' texts, and the format reads
+                its tags with it.
+            clock: Seconds of a monotonic clock.
+            reseeds_on_resume: See the class.
 
         Returns:
             The coordinator, its format's policy composed.
@@ -195,11 +204,14 @@ class Coordinator:
             special_kwargs, fmt.read_options(special_kwargs.format_options),
             special_kwargs.tags, tokenizer, max_model_len)
         hook_ids = sorted(special_kwargs.hook_token_ids)
-        return cls(
-            lambda coordinator: fmt.policy(coordinator, setting),
-            special_kwargs, queries, max_model_len,
-            tokenizer.convert_ids_to_tokens(hook_ids) if hook_ids else (),
-            metrics)
+        return cls(lambda coordinator: fmt.policy(coordinator, setting),
+                   special_kwargs,
+                   max_model_len,
+                   TokenizerTexts(tokenizer),
+                   clock=clock,
+                   reseeds_on_resume=reseeds_on_resume,
+                   hook_token_strings=tokenizer.convert_ids_to_tokens(hook_ids)
+                   if hook_ids else ())
 
     # Queries.
 
@@ -241,7 +253,7 @@ class Coordinator:
         return len(self._parked)
 
     def parked_members(self) -> dict[str, float]:
-        """When each parked member was parked (`time.monotonic()`)."""
+        """When each parked member was parked (by the clock)."""
         return dict(self._parked)
 
     def root_of(self, member_id: str) -> Optional[str]:
@@ -304,20 +316,27 @@ class Coordinator:
         """
         return self.policy.arrived(member_id, prompt_token_ids, params)
 
-    def sampled(self, member_id: str, token_id: int, length: int,
-                params: Callable[[], RequestParams]) -> list[Action]:
-        """A member sampled ``token_id``: the format's event, if any.
+    def sampled(self,
+                member_id: str,
+                token_ids: Sequence[int],
+                params: Callable[[], RequestParams],
+                logprobs: Optional[list] = None) -> list[Action]:
+        """A member sampled a token: the format's event, if any.
 
         Args:
             member_id: The sampling member (any request the first time).
-            token_id: The token it sampled last.
-            length: Its token count, the token included.
+            token_ids: Its whole token ids, its context and own tokens,
+                the sampled token last (read during the call only; their
+                count is the member's length).
             params: Reads its request's parameters (for a new root only).
+            logprobs: Its current call's sampled tokens' logprobs so far
+                (a format that restarts calls keeps them); None if its
+                request asked for none, or the format reads none.
 
         Returns:
             The actions to carry out, in order.
         """
-        return self.policy.sampled(member_id, token_id, length, params)
+        return self.policy.sampled(member_id, token_ids, params, logprobs)
 
     def finished(self, member_id: str, reason: str,
                  result: MemberResult) -> list[Action]:
@@ -420,8 +439,8 @@ class Coordinator:
         self._members[fork.request_id] = Member(member.tree, child, start,
                                                 seed)
         member.tree.member_ids.append(fork.request_id)
-        self.metrics.promises_spawned.inc()
-        self.metrics.children_running.inc()
+        self.counts.promises_spawned += 1
+        self.counts.children_running += 1
         return fork
 
     def park(self, member: Member, length: int) -> Park:
@@ -436,10 +455,10 @@ class Coordinator:
             Its `Park`.
         """
         member.parked_length = length
-        member.node.parked_since = time.monotonic()
+        member.node.parked_since = self.clock()
         self._parked[member.node.request_id] = member.node.parked_since
-        self.metrics.syncs_blocked.inc()
-        self.metrics.parents_parked.inc()
+        self.counts.syncs_blocked += 1
+        self.counts.parents_parked += 1
         return Park(member.node.request_id)
 
     def take_finished_children(self, member: Member) -> list[LiveNode]:
@@ -466,7 +485,7 @@ class Coordinator:
             count: How many.
         """
         member.tree.state.record_merged_tokens(member.node, at, count)
-        self.metrics.merged_tokens.inc(count)
+        self.counts.merged_tokens += count
 
     def end(self, member_id: str, reason: str,
             result: MemberResult) -> list[Action]:
@@ -489,8 +508,7 @@ class Coordinator:
         token_ids = list(result.token_ids)
         text = result.text
         if text is None:
-            text = self.queries.decode(
-                member_id,
+            text = self.texts_of(member).decode(
                 [t for t in token_ids if t not in self.hook_token_ids])
         logprobs = cumulative = None
         if result.logprobs is not None:
@@ -514,7 +532,7 @@ class Coordinator:
             self._forget(member)
             actions.append(ReportTree(member_id, tree.snapshot()))
             return actions
-        self.metrics.children_running.dec()
+        self.counts.children_running -= 1
         parent = node.parent
         if (parent.parked_since is not None and not parent.is_finished
                 and all(child.is_finished
@@ -525,13 +543,18 @@ class Coordinator:
                                           parent_member.parked_length))
         return actions
 
+    def texts_of(self, member: Member) -> Texts:
+        """The text codec of a member's request: its own (a LoRA
+        adapter's tokenizer), else the model's."""
+        return member.tree.params.texts or self.texts
+
     # Records.
 
     def _abort_below(self, node: LiveNode) -> list[Action]:
         """Records a node's unfinished descendants aborted, deepest first.
 
         Each is recorded "abort" (its tree is complete when its root
-        finishes); the engine is asked to abort those it has not finished
+        finishes); the engine aborts them, skipping those it has finished
         already (a finish it has not reported yet is then void).
         """
         doomed = [
@@ -540,23 +563,20 @@ class Coordinator:
         ]
         for target in doomed:
             self._record_abort(target)
-        live = tuple(
-            target.node.request_id for target in doomed
-            if not self.queries.engine_finished(target.node.request_id))
-        return [Abort(live)] if live else []
+        return [Abort(tuple(target.node.request_id
+                            for target in doomed))] if doomed else []
 
     def _record_abort(self, member: Member) -> None:
         member.tree.state.record_abort(member.node)
         self._unpark(member.node)
         if member.node.parent is not None:
-            self.metrics.children_running.dec()
+            self.counts.children_running -= 1
 
     def _unpark(self, node: LiveNode) -> None:
         """Observes how long ``node`` was parked; it is parked no more."""
         if node.parked_since is not None:
-            self.metrics.blocked_time.observe(time.monotonic() -
-                                              node.parked_since)
-            self.metrics.parents_parked.dec()
+            self.counts.blocked_times.append(self.clock() - node.parked_since)
+            self.counts.parents_parked -= 1
             node.parked_since = None
             del self._parked[node.request_id]
 

@@ -2,7 +2,10 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Prometheus metrics of sequence hooks, exported with vLLM's own metrics.
 
-Shared by both flavours (only prometheus_client, no vLLM module). They are
+The lifecycle counts (`sequence_hooks.counts.HookCounts`); each engine's
+adapter exports its coordinator's counts here after each step and each
+abort (`SequenceHookMetrics.export`). Shared by both flavours (only
+prometheus_client, no vLLM module). They are
 created in the process that runs the hooks: V0's engine, V1's engine core.
 When that is not the API server's process (`vllm serve`),
 prometheus_client's multiprocess mode carries them to the API server's
@@ -19,6 +22,8 @@ its metric.
 from typing import Any
 
 import prometheus_client
+
+from sequence_hooks.counts import HookCounts
 
 # Upper bounds (seconds) of the blocked-time histogram's buckets.
 BLOCKED_TIME_BUCKETS = [
@@ -50,14 +55,24 @@ def _collector(cls, name: str, documentation: str, **kwargs):
     return collector
 
 
+# The counters, each named as its count.
+COUNTERS = ("promises_spawned", "promises_refused", "syncs_blocked",
+            "merged_tokens")
+# The gauges the lifecycle keeps, each named as its count (a gauge's
+# `inc` takes a negative change).
+GAUGES = ("parents_parked", "children_running")
+
+
 class SequenceHookMetrics:
-    """The hook counters, gauge and histogram of one engine.
+    """The hook counters, gauges and histogram of one engine.
 
     Args:
         model_name: The served model name, the `model_name` label.
     """
 
     def __init__(self, model_name: str):
+        # The counts exported so far: counters go up by the difference.
+        self._exported = HookCounts()
         labels = {"model_name": model_name}
         self.promises_spawned = _collector(
             prometheus_client.Counter, "vllm:sequence_hook_promises_spawned",
@@ -98,16 +113,19 @@ class SequenceHookMetrics:
             prometheus_client.Counter, "vllm:sequence_hook_merged_tokens",
             "Tokens appended to parents by merges.").labels(**labels)
 
+    def export(self, counts: HookCounts) -> None:
+        """Brings the metrics up to a coordinator's counts, each by what
+        changed since the last export (the gauges too: engines of one
+        process that share a model name add up, as they did when each
+        moved the gauge itself); each parked time is observed once.
 
-class NoMetrics:
-    """Stands in for `SequenceHookMetrics` where nothing is exported."""
-
-    class _Null:
-
-        def inc(self, *_):
-            pass
-
-        dec = set = observe = inc
-
-    def __getattr__(self, name: str) -> "NoMetrics._Null":
-        return self._Null()
+        Args:
+            counts: The coordinator's counts (its blocked times taken).
+        """
+        for name in COUNTERS + GAUGES:
+            change = getattr(counts, name) - getattr(self._exported, name)
+            if change:
+                getattr(self, name).inc(change)
+                setattr(self._exported, name, getattr(counts, name))
+        for seconds in counts.take_blocked_times():
+            self.blocked_time.observe(seconds)

@@ -4,7 +4,7 @@
 shows, and how a Hugging Face tokenizer turns one into the other."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from sequence_hooks.tree import LiveNode
 
@@ -37,3 +37,33 @@ def decode_own(tokenizer: Any, token_ids: list[int]) -> str:
     """A member's own text from its tokens with a Hugging Face tokenizer
     (special tokens skipped), where the engine has none."""
     return tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+class Texts(Protocol):
+    """A model's text codec, as the lifecycle uses it."""
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text merged into a member; text that spells a
+        special token stays text."""
+        ...
+
+    def decode(self, token_ids: list[int]) -> str:
+        """A member's own text from its tokens (hook tokens left out)."""
+        ...
+
+
+class TokenizerTexts:
+    """`Texts` of a Hugging Face tokenizer (`encode_merge`, `decode_own`).
+
+    Args:
+        tokenizer: The tokenizer.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return encode_merge(self.tokenizer, text)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return decode_own(self.tokenizer, token_ids)

@@ -64,33 +64,41 @@ def sampled_logprob(token: int, position: int) -> float:
     return -((token + position) % 7 + 1) / 8
 
 
-class CountingMetrics:
-    """`SequenceHookMetrics`' counters and gauges as plain numbers."""
+class CharTexts:
+    """The fake engine's text codec (`sequence_hooks.texts.Texts`): a
+    member's text leaves hook tokens out."""
 
-    class _Value:
+    def __init__(self, tokenizer: CharTokenizer):
+        self.tokenizer = tokenizer
 
-        def __init__(self):
-            self.value = 0.0
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
 
-        def inc(self, amount: float = 1.0):
-            self.value += amount
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, False)
 
-        def dec(self, amount: float = 1.0):
-            self.value -= amount
 
-        def set(self, value: float):
-            self.value = value
+class Metric(NamedTuple):
+    """One exported value, as a metrics reader sees it."""
 
-        def observe(self, value: float):
-            self.value += 1
+    value: float
 
-    def __init__(self):
-        self._values: dict[str, CountingMetrics._Value] = {}
 
-    def __getattr__(self, name: str) -> "CountingMetrics._Value":
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return self._values.setdefault(name, CountingMetrics._Value())
+class CountsAsMetrics:
+    """The coordinator's counts as `SequenceHookMetrics` exports them:
+    each counter and gauge by its attribute's name, ``.value`` its
+    number; the blocked-time histogram's ``.value`` its observations."""
+
+    def __init__(self, coordinator: Coordinator):
+        self.coordinator = coordinator
+        self.observed = 0
+
+    def __getattr__(self, name: str) -> Metric:
+        counts = self.coordinator.counts
+        if name == "blocked_time":
+            self.observed += len(counts.take_blocked_times())
+            return Metric(self.observed)
+        return Metric(getattr(counts, name))
 
 
 @dataclass
@@ -113,8 +121,8 @@ class FakeEngine:
     Args:
         limits: `SpecialKwargs` limits.
         max_model_len: The longest sequence.
-        reseeds: What `resume` answers (whether a resume re-creates the
-            member's random generator, as the client join's does).
+        reseeds: Whether a resume re-creates the member's random
+            generator (`Coordinator.reseeds_on_resume`).
         show_hooks: Whether members' texts show hook token strings (a
             tokenizer where they are not special); False: the engine
             reports no text and the coordinator decodes.
@@ -128,13 +136,17 @@ class FakeEngine:
         self.tokenizer = CharTokenizer()
         self.reseeds = reseeds
         self.show_hooks = show_hooks
-        self.metrics = CountingMetrics()
+        # The coordinator's clock: a step is one second.
+        self.now = 0.0
         self.coordinator = Coordinator(PromiseSyncPolicy,
                                        special_kwargs(**(limits or {})),
-                                       self,
                                        max_model_len,
-                                       list(HOOK_STRINGS.values()),
-                                       metrics=self.metrics)
+                                       CharTexts(self.tokenizer),
+                                       clock=lambda: self.now,
+                                       reseeds_on_resume=reseeds,
+                                       hook_token_strings=list(
+                                           HOOK_STRINGS.values()))
+        self.metrics = CountsAsMetrics(self.coordinator)
         self.members: dict[str, EngineMember] = {}
         self.params: dict[str, RequestParams] = {}
         self.wants_logprobs: dict[str, bool] = {}
@@ -142,6 +154,8 @@ class FakeEngine:
         self.request_of: dict[str, str] = {}
         # Every action the coordinator returned, in order.
         self.actions: list[Action] = []
+        # Per `Abort` carried out, the members it aborted.
+        self.aborted: list[list[str]] = []
         # Roots whose request finished with no tree: their own result.
         self.plain_results: dict[str, MemberResult] = {}
 
@@ -169,10 +183,10 @@ class FakeEngine:
             FakeLogprob(sampled_logprob(token, len(member.tokens)), 1)
         })
         member.tokens.append(token)
-        length = len(member.tokens)
+        self.now += 1.0
         return self.carry_out(
             self.coordinator.sampled(
-                member_id, token, length,
+                member_id, member.tokens,
                 lambda: self.params[self.request_of[member_id]]))
 
     def stop(self, member_id: str, reason: str) -> None:
@@ -218,9 +232,9 @@ class FakeEngine:
 
     @property
     def aborts(self) -> list[list[str]]:
-        return [
-            list(a.member_ids) for a in self.actions if isinstance(a, Abort)
-        ]
+        """The members each `Abort` aborted here (those the engine had
+        finished skipped), one list per action that aborted any."""
+        return [aborted for aborted in self.aborted if aborted]
 
     @property
     def reports(self) -> dict[str, PromiseNode]:
@@ -277,22 +291,13 @@ class FakeEngine:
         } for token in resume.token_ids]
 
     def _abort(self, member_ids: tuple[str, ...]) -> None:
+        aborted = []
         for member_id in member_ids:
-            member = self.members.pop(member_id)
-            assert member.stopped is None, "aborted a finished member"
+            member = self.members[member_id]
+            if member.stopped is not None:
+                # Finished here already: its report comes, and is void.
+                continue
+            del self.members[member_id]
             self.request_of.pop(member_id)
-
-    # EngineQueries.
-
-    def engine_finished(self, member_id: str) -> bool:
-        member = self.members.get(member_id)
-        return member is not None and member.stopped is not None
-
-    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
-        return self.reseeds
-
-    def encode(self, member_id: str, text: str) -> list[int]:
-        return self.tokenizer.encode(text)
-
-    def decode(self, member_id: str, token_ids: list[int]) -> str:
-        return self.tokenizer.decode(token_ids, False)
+            aborted.append(member_id)
+        self.aborted.append(aborted)

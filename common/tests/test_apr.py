@@ -188,9 +188,11 @@ class SearchEngine:
     logprobs: bool = False
 
     def __post_init__(self):
-        self.coordinator = Coordinator.for_format(
-            SpecialKwargs(format="apr", **self.limits), self,
-            self.max_model_len, TOKENIZER)
+        special_kwargs = SpecialKwargs(format="apr", **self.limits)
+        self.coordinator = Coordinator.for_format(special_kwargs,
+                                                  self.max_model_len,
+                                                  TOKENIZER,
+                                                  clock=lambda: 0.0)
         self.calls: dict[str, Call] = {}
         self.prompts: list[list[int]] = []
         self.actions: list[Action] = []
@@ -222,8 +224,9 @@ class SearchEngine:
                     ended.append((member_id, "length"))
                 else:
                     self.carry_out(
-                        self.coordinator.sampled(member_id, token,
-                                                 len(call.tokens), None))
+                        self.coordinator.sampled(
+                            member_id, call.tokens, lambda: None,
+                            self.sampled_logprobs(member_id, call)))
             for member_id, reason in ended:
                 call = self.calls.pop(member_id)
                 own = call.tokens[call.start:]
@@ -257,32 +260,14 @@ class SearchEngine:
                            self.max_tokens)
             elif isinstance(action, Abort):
                 for member_id in action.member_ids:
-                    del self.calls[member_id]
+                    # A call that ended here already is skipped.
+                    self.calls.pop(member_id, None)
             else:
                 assert isinstance(action, ReportTree), action
 
-    # What the coordinator asks (`EngineQueries`).
-
-    def engine_finished(self, member_id: str) -> bool:
-        return member_id not in self.calls
-
-    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
-        return False
-
-    def token_ids(self, member_id: str) -> list[int]:
-        return list(self.calls[member_id].tokens)
-
-    def sampled_logprobs(self,
-                         member_id: str,
-                         call: Optional[Call] = None) -> Optional[list]:
-        call = call or self.calls[member_id]
+    def sampled_logprobs(self, member_id: str, call: Call) -> Optional[list]:
+        """A call's sampled tokens' logprobs so far, if asked for."""
         return list(call.logprobs) if self.logprobs else None
-
-    def encode(self, member_id: str, text: str) -> list[int]:
-        raise AssertionError("APR merges no text by `encode`")
-
-    def decode(self, member_id: str, token_ids: list[int]) -> str:
-        raise AssertionError("every finish here comes with its text")
 
 
 def both(model: ScriptedModel,

@@ -7,14 +7,17 @@ coordinator told the engine (forks, parks, resumes, aborts, reports)
 against values written out by hand from the contract.
 """
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from fake_engine import (OFFSET, PROMISE, ROLE, SYNC, FakeEngine,
                          sampled_logprob)
 from reference import seed_for
 
+import sequence_hooks
 from sequence_hooks.actions import (Abort, Fork, Park, RequestParams, Resume,
                                     StartTree)
 
@@ -63,6 +66,43 @@ def test_the_package_imports_no_vllm():
                          capture_output=True,
                          text=True).stdout
     assert out.strip() == "[]"
+
+
+# The lifecycle's modules: the coordinator, its records and the formats
+# (the metrics module is the adapters' exporter).
+LIFECYCLE = [
+    path for path in Path(sequence_hooks.__file__).parent.rglob("*.py")
+    if path.name != "metrics.py"
+]
+
+
+@pytest.mark.parametrize("path", LIFECYCLE, ids=lambda path: path.name)
+def test_the_lifecycle_reads_no_clock_and_exports_no_metric(path):
+    """The coordinator asks the engine nothing and keeps its own counts:
+    time comes from the clock it is given, metrics are the adapters'."""
+    tree = ast.parse(path.read_text())
+    imported = {
+        alias.name
+        for node in ast.walk(tree) if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        node.module
+        for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+    }
+    assert not imported & {
+        "time", "prometheus_client", "sequence_hooks.metrics"
+    }
+
+
+def test_a_parked_time_is_the_given_clocks():
+    """Parked at the sync (the fake engine's clock: a second a sample),
+    resumed when its child ends a sample later: one second, taken once."""
+    engine = FakeEngine()
+    start(engine)
+    play(engine, ("r", PROMISE), ("r", SYNC), ("r/promise-0", A))
+    finish(engine, "r/promise-0")
+    assert engine.coordinator.counts.take_blocked_times() == [1.0]
+    assert engine.coordinator.counts.take_blocked_times() == []
 
 
 def test_child_ids_count_the_whole_tree_from_zero():
@@ -320,8 +360,9 @@ def test_every_member_names_its_trees_root_until_the_tree_ends():
 
 
 def test_a_sampled_token_is_a_promise_a_sync_or_no_event():
-    """`sampled`, the one entry every adapter calls with a member's last
-    token; its request's parameters are read for a promise only."""
+    """`sampled`, the one entry every adapter calls with a member's
+    tokens, the sampled one last; its request's parameters are read for a
+    promise only."""
     engine = FakeEngine()
     start(engine)
     coordinator = engine.coordinator
@@ -331,13 +372,15 @@ def test_a_sampled_token_is_a_promise_a_sync_or_no_event():
         reads.append(True)
         return RequestParams(2, None)
 
-    assert coordinator.sampled("r", A, 3, params) == []
+    assert coordinator.sampled("r", [A, B, A], params) == []
     assert not coordinator.is_member("r") and not reads
     start_tree, fork = engine.carry_out(
-        coordinator.sampled("r", PROMISE, 4, params))
+        coordinator.sampled("r", [A, B, A, PROMISE], params))
     assert start_tree == StartTree("r", coordinator.tree_of("r"))
     assert fork.request_id == "r/promise-0" and reads == [True]
-    assert coordinator.sampled("r", SYNC, 5, params) == [Park("r")]
+    assert fork.context_tokens == (ROLE, )
+    assert coordinator.sampled("r", [A, B, A, PROMISE, SYNC],
+                               params) == [Park("r")]
     assert reads == [True]
     assert not coordinator.is_finished("r/promise-0")
 
@@ -357,9 +400,11 @@ def test_each_event_returns_the_actions_of_the_table():
     engine.stop("r/promise-1", "stop")
     engine.sample("r/promise-0", B)
     engine.stop("r/promise-0", "stop")
-    # Its descendant stopped in the engine: recorded aborted, no `Abort`;
-    # its parent's last awaited child: the parent's merge.
-    (resume, ) = engine.report("r/promise-0")
+    # Its descendant stopped in the engine: recorded aborted, its `Abort`
+    # skipped by the engine; its parent's last awaited child: the
+    # parent's merge.
+    skipped, resume = engine.report("r/promise-0")
+    assert skipped == Abort(("r/promise-1", )) and engine.aborts == []
     assert resume == Resume("r", tuple(engine.tokenizer.encode("b")), 0.0,
                             None)
     assert engine.report("r/promise-1") == []

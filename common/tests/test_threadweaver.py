@@ -117,9 +117,11 @@ class ThreadEngine:
         self.seed = seed
         self.max_model_len = max_model_len
         self.max_tokens = max_tokens
-        self.coordinator = Coordinator.for_format(
-            SpecialKwargs(format="threadweaver", **limits), self,
-            max_model_len, TOKENIZER)
+        special_kwargs = SpecialKwargs(format="threadweaver", **limits)
+        self.coordinator = Coordinator.for_format(special_kwargs,
+                                                  max_model_len,
+                                                  TOKENIZER,
+                                                  clock=lambda: 0.0)
         self.members: dict[str, Member] = {}
         self.actions: list[Action] = []
         self.output: list[int] = []
@@ -143,8 +145,7 @@ class ThreadEngine:
                     member.stopped = "length"
                 else:
                     self.carry_out(
-                        self.coordinator.sampled(member_id, token,
-                                                 len(member.tokens),
+                        self.coordinator.sampled(member_id, member.tokens,
                                                  lambda: params))
             for member_id in [
                     m for m, member in self.members.items() if member.stopped
@@ -190,24 +191,6 @@ class ThreadEngine:
                 member.parked, member.stopped = False, "stop"
             else:
                 assert isinstance(action, (StartTree, ReportTree))
-
-    # EngineQueries.
-
-    def engine_finished(self, member_id: str) -> bool:
-        member = self.members.get(member_id)
-        return member is None or member.stopped is not None
-
-    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
-        return False
-
-    def token_ids(self, member_id: str) -> list[int]:
-        return list(self.members[member_id].tokens)
-
-    def encode(self, member_id: str, text: str) -> list[int]:
-        return TOKENIZER.encode(text)
-
-    def decode(self, member_id: str, token_ids: list[int]) -> str:
-        return TOKENIZER.decode(token_ids)
 
 
 PROMPT = TOKENIZER.encode("Q: 2*3*4?\n")

@@ -13,6 +13,7 @@ upstream's `update_from_output`; each step's outputs are a local of
 `update`, passed to each action.
 """
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -33,7 +34,6 @@ from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.ordering import CriticalPathOrder
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.texts import decode_own, encode_merge
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
@@ -86,9 +86,12 @@ class SequenceHooks:
         # V0's `vllm:sequence_hook_*` metrics (docs/v1.md: how they reach
         # `/metrics` from the engine core's process).
         self.metrics = SequenceHookMetrics(served_model_name)
-        self.coordinator = Coordinator.for_format(special_kwargs, self,
+        # The model runner keeps a resumed session's generator: no
+        # resume reseeds.
+        self.coordinator = Coordinator.for_format(special_kwargs,
                                                   scheduler.max_model_len,
-                                                  tokenizer, self.metrics)
+                                                  tokenizer,
+                                                  clock=time.monotonic)
         # The queues' order before each step (upstream's own heaps order
         # plain requests by priority under that policy).
         self.order = CriticalPathOrder.for_scheduler(
@@ -237,9 +240,9 @@ class SequenceHooks:
                 return
         params = request.sampling_params
         actions = self.coordinator.sampled(
-            request_id, out.new_token_ids[-1],
-            request.num_tokens, lambda: RequestParams.of(
-                request.num_prompt_tokens, request.max_tokens, params))
+            request_id, request.all_token_ids, lambda: RequestParams.of(
+                request.num_prompt_tokens, request.max_tokens, params),
+            self.member_logprobs.current(request_id))
         if actions:
             # Most tokens are no event: no call on the hot path.
             self._carry_out(actions, step)
@@ -400,13 +403,20 @@ class SequenceHooks:
         return out
 
     def _abort(self, action: Abort, step: Optional[_Step]) -> None:
-        for member_id in action.member_ids:
+        # A member upstream has finished already is skipped: its finish,
+        # not reported yet, is void.
+        member_ids = [
+            member_id for member_id in action.member_ids
+            if not self._engine_finished(member_id)
+        ]
+        if not member_ids:
+            return
+        for member_id in member_ids:
             self.member_logprobs.pop(member_id)
             self.stop_strings.forget(member_id)
             self.scheduler.parking.forget(member_id)
             self.restarts.forget(member_id)
-        self.end_requests(list(action.member_ids),
-                          RequestStatus.FINISHED_ABORTED)
+        self.end_requests(member_ids, RequestStatus.FINISHED_ABORTED)
 
     def _report_tree(self, action: ReportTree, step: Optional[_Step]) -> None:
         out = step.outputs.get(action.root_id) if step is not None else None
@@ -419,26 +429,14 @@ class SequenceHooks:
         if out is not None:
             attach_tree(out, action.tree)
 
-    # What the coordinator asks (`sequence_hooks.actions.EngineQueries`).
-
-    def engine_finished(self, member_id: str) -> bool:
+    def _engine_finished(self, member_id: str) -> bool:
+        """Whether upstream has finished a member (a call made anew is
+        not finished)."""
         request = self.scheduler.requests.get(member_id)
         return member_id not in self.restarts.pending and (
             request is None or request.is_finished())
 
-    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
-        # The model runner keeps a resumed session's generator.
-        return False
-
-    def token_ids(self, member_id: str) -> list[int]:
-        return list(self.scheduler.requests[member_id].all_token_ids)
-
-    def sampled_logprobs(self, member_id: str) -> Optional[list]:
-        return self.member_logprobs.current(member_id)
-
-    def encode(self, member_id: str, text: str) -> list[int]:
-        return encode_merge(self.tokenizer, text)
-
-    def decode(self, member_id: str, token_ids: list[int]) -> str:
-        # Every finish here comes with its text (`frontend_text`).
-        return decode_own(self.tokenizer, token_ids)
+    def export_metrics(self) -> None:
+        """Exports the lifecycle's counts and the KV cache's usage."""
+        self.metrics.export(self.coordinator.counts)
+        self.metrics.kv_cache_usage.set(self.scheduler.kv_cache_manager.usage)

@@ -50,9 +50,9 @@ class MemberLogprobs:
             self.by_member[member_id] += [None] * count
 
     def current(self, member_id: str) -> Optional[list]:
-        """A live member's logprobs so far; None if it keeps none."""
-        logprobs = self.by_member.get(member_id)
-        return None if logprobs is None else list(logprobs)
+        """A live member's logprobs so far, the list kept (to read, not to
+        keep: it grows); None if it keeps none."""
+        return self.by_member.get(member_id)
 
     def pop(self, member_id: str) -> Optional[list]:
         """A member's logprobs, no longer kept; None if it kept none."""

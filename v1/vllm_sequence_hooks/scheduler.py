@@ -96,7 +96,7 @@ class SequenceHookScheduler(Scheduler):
             output = super().schedule(*args, **kwargs)
         finally:
             self.num_waiting_for_streaming_input += parked
-        self.hooks.metrics.kv_cache_usage.set(self.kv_cache_manager.usage)
+        self.hooks.export_metrics()
         if self.hooks.restarts.enabled:
             self.hooks.restarts.scheduled(output)
         return output
@@ -114,6 +114,7 @@ class SequenceHookScheduler(Scheduler):
         self.hooks.update(members, engine_outputs)
         if self.hooks.restarts.enabled:
             self.hooks.restarts.updated(scheduler_output)
+        self.hooks.export_metrics()
         return engine_outputs
 
     def finish_requests(self, request_ids: Any,
@@ -138,6 +139,7 @@ class SequenceHookScheduler(Scheduler):
         finished = super().finish_requests(request_ids, finished_status)
         for request in between_calls:
             request.status = finished_status
+        self.hooks.export_metrics()
         return finished + between_calls
 
     def _get_local_prefix_cache_hit(self, request: Request, *args):

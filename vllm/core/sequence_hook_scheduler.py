@@ -39,8 +39,9 @@ class SchedulerHooks(Protocol):
         ``seq_group`` (`sequence_hooks.ordering.eviction_order`)."""
         ...
 
-    def record_kv_usage(self, fraction: float) -> None:
-        """The fraction of KV blocks in use, parked ones included."""
+    def export_metrics(self, kv_fraction: float) -> None:
+        """Exports the hook metrics: the lifecycle's counts, and the
+        fraction of KV blocks in use, parked ones included."""
         ...
 
 
@@ -215,7 +216,7 @@ class SequenceHookScheduler(Scheduler):
         if self.hooks is not None:
             total = self.block_manager.num_total_gpu_blocks
             free = self.block_manager.get_num_free_gpu_blocks()
-            self.hooks.record_kv_usage(1.0 - free / total)
+            self.hooks.export_metrics(1.0 - free / total)
 
     def _evict_parked_for_waiting(self) -> None:
         """Frees parked groups' blocks that the first waiting group needs.

@@ -23,7 +23,7 @@ from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.ordering import CriticalPathOrder, eviction_order
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.texts import decode_own, encode_merge
+from sequence_hooks.texts import TokenizerTexts
 from sequence_hooks.tree import LiveTree, PromiseNode
 from vllm.core.scheduler import SchedulerOutputs
 from vllm.core.sequence_hook_scheduler import SequenceHookScheduler
@@ -111,9 +111,13 @@ class V0PromiseAdapter:
         self.seq_counter = seq_counter
         self.registry = registry
         self.metrics = metrics
+        # A resume that prefills re-creates the generator from the seed.
         self.coordinator = Coordinator.for_format(
-            special_kwargs, self, max_model_len,
-            detokenizer.tokenizer_group.get_lora_tokenizer(None), metrics)
+            special_kwargs,
+            max_model_len,
+            detokenizer.tokenizer_group.get_lora_tokenizer(None),
+            clock=time.monotonic,
+            reseeds_on_resume=True)
         # The order the scheduler gives its queues: upstream's
         # chunked-prefill scheduler ignores the priority policy, so under
         # it the queues are ordered every step.
@@ -139,9 +143,10 @@ class V0PromiseAdapter:
             return
         params = seq_group.sampling_params
         actions = self.coordinator.sampled(
-            seq_group.request_id,
-            seq.get_last_token_id(), seq.get_len(), lambda: RequestParams.of(
-                seq.get_prompt_len(), params.max_tokens, params))
+            seq_group.request_id, seq.get_token_ids(),
+            lambda: RequestParams.of(
+                seq.get_prompt_len(), params.max_tokens, params,
+                TokenizerTexts(self.detokenizer.get_tokenizer_for_seq(seq))))
         if actions:
             # Most tokens are no event: no call on the hot path.
             self._carry_out(actions, seq_group)
@@ -159,6 +164,7 @@ class V0PromiseAdapter:
         (engine-level aborts bypass output processing)."""
         self._forget(seq_group)
         self._carry_out(self.coordinator.aborted(seq_group.request_id), None)
+        self.metrics.export(self.coordinator.counts)
 
     def eviction_order(self, evicted: Set[str],
                        seq_group: SequenceGroup) -> List[str]:
@@ -175,9 +181,11 @@ class V0PromiseAdapter:
         return eviction_order(self.coordinator.parked_members(), evicted,
                               self.coordinator.ancestors(seq_group.request_id))
 
-    def record_kv_usage(self, fraction: float) -> None:
-        """Exports the fraction of KV blocks in use, parked ones included."""
-        self.metrics.kv_cache_usage.set(fraction)
+    def export_metrics(self, kv_fraction: float) -> None:
+        """Exports the hook metrics: the lifecycle's counts, and the
+        fraction of KV blocks in use, parked ones included."""
+        self.metrics.export(self.coordinator.counts)
+        self.metrics.kv_cache_usage.set(kv_fraction)
 
     def finished(self,
                  seq_group: SequenceGroup,
@@ -293,8 +301,11 @@ class V0PromiseAdapter:
 
     def _abort(self, action: Abort, current: Optional[SequenceGroup]) -> None:
         for member_id in action.member_ids:
-            processed = self.scheduler.processed_before(
-                self.groups[member_id], current)
+            seq_group = self.groups.get(member_id)
+            if seq_group is None or seq_group.is_finished():
+                # Finished already: its finish is void.
+                continue
+            processed = self.scheduler.processed_before(seq_group, current)
             # Aborted by its own id: stock abort resolves registered ids to
             # the request's, so the registry is left out.
             for seq_group in self.scheduler.abort_tree_groups(member_id):
@@ -307,29 +318,7 @@ class V0PromiseAdapter:
                 # drops the entry (PromiseTreeGroup.finish_seq).
                 self.registry.pop(member_id, None)
 
-    # What the coordinator asks (`sequence_hooks.actions.EngineQueries`).
-
-    def engine_finished(self, member_id: str) -> bool:
-        seq_group = self.groups.get(member_id)
-        return seq_group is None or seq_group.is_finished()
-
-    def encode(self, member_id: str, text: str) -> List[int]:
-        return encode_merge(self._tokenizer(member_id), text)
-
-    def decode(self, member_id: str, token_ids: List[int]) -> str:
-        return decode_own(self._tokenizer(member_id), token_ids)
-
-    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
-        # A resume that prefills (merged tokens, or a parent evicted while
-        # parked) re-creates the generator from the seed.
-        return bool(
-            num_tokens) or self.groups[member_id].first_seq.is_prefill()
-
     # Mechanics.
-
-    def _tokenizer(self, member_id: str):
-        return self.detokenizer.get_tokenizer_for_seq(
-            self.groups[member_id].first_seq)
 
     def _forget(self, seq_group: SequenceGroup) -> None:
         """Drops an aborted group of a tree; no output is made for it."""

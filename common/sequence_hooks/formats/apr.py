@@ -37,7 +37,7 @@ arrival.
 
 import ast
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -312,9 +312,10 @@ class APRPolicy(FormatPolicy):
         call = self._calls.get(member_id)
         return call.start if call is not None else None
 
-    def sampled(self, member_id: str, token_id: int, length: int,
-                params) -> list[Action]:
-        """A member sampled ``token_id``: if its call's text now holds the
+    def sampled(self, member_id: str, token_ids: Sequence[int],
+                params: Callable[[], RequestParams],
+                logprobs: Optional[list]) -> list[Action]:
+        """A member sampled a token: if its call's text now holds the
         controller's stop string, the call restarts with the text cut
         there and `<Calling Sub Searches>` (the controller's rewrite).
 
@@ -324,9 +325,9 @@ class APRPolicy(FormatPolicy):
             still runs.
         """
         call = self._calls.get(member_id)
-        if call is None or token_id not in self._closing:
+        if call is None or token_ids[-1] not in self._closing:
             return []
-        sampled = self.coordinator.queries.token_ids(member_id)[call.start:]
+        sampled = list(token_ids[call.start:])
         tail = self.format.decode(sampled[-len(SUB_SEARCHES):])
         if SUB_SEARCHES not in tail:
             return []
@@ -335,8 +336,7 @@ class APRPolicy(FormatPolicy):
         actions = self._restart(
             member_id,
             call_trace(self.format.bos_token, call.prefix, text) + CALLING,
-            call.prompt.sampled(
-                sampled, self.coordinator.queries.sampled_logprobs(member_id)))
+            call.prompt.sampled(sampled, logprobs))
         if any(
                 isinstance(action, Restart) and action.member_id == member_id
                 for action in actions):

@@ -8,7 +8,8 @@ for its unmerged children, then their texts, joined by
 limits are `SpecialKwargs`' own fields; it is served by both engines.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Optional
 
 from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Action,
                                     RequestParams, Resume, StartTree,
@@ -32,15 +33,17 @@ class PromiseSyncPolicy(FormatPolicy):
         """`<promise>`."""
         return self.coordinator.special_kwargs.promise_token_id
 
-    def sampled(self, member_id: str, token_id: int, length: int,
-                params: Callable[[], RequestParams]) -> list[Action]:
+    def sampled(self, member_id: str, token_ids: Sequence[int],
+                params: Callable[[], RequestParams],
+                logprobs: Optional[list]) -> list[Action]:
         """`<promise>` and `<sync>` are the events `promise` and `sync`,
         any other token is none."""
         special_kwargs = self.coordinator.special_kwargs
+        token_id = token_ids[-1]
         if token_id == special_kwargs.promise_token_id:
-            return self.promise(member_id, length, params())
+            return self.promise(member_id, len(token_ids), params())
         if token_id == special_kwargs.sync_token_id:
-            return self.sync(member_id, length)
+            return self.sync(member_id, len(token_ids))
         return []
 
     def promise(self, member_id: str, length: int,
@@ -68,7 +71,7 @@ class PromiseSyncPolicy(FormatPolicy):
                 or tree.num_spawned >= special_kwargs.max_children_per_request
                 or node.depth >= special_kwargs.max_depth):
             tree.num_refused += 1
-            coordinator.metrics.promises_refused.inc()
+            coordinator.counts.promises_refused += 1
             return actions
         marker = special_kwargs.child_role_token_id
         seed = (None if member.seed is None else derive_seed(
@@ -106,13 +109,12 @@ class PromiseSyncPolicy(FormatPolicy):
         children = coordinator.take_finished_children(member)
         text = merged_text(children,
                            coordinator.special_kwargs.merge_separator)
-        token_ids = coordinator.queries.encode(
-            node.request_id, text)[:self._room(member, length)]
+        token_ids = coordinator.texts_of(member).encode(
+            text)[:self._room(member, length)]
         coordinator.record_merged(member, length - member.start,
                                   len(token_ids))
         seed = None
-        if member.seed is not None and coordinator.queries.reseeds_on_resume(
-                node.request_id, len(token_ids)):
+        if member.seed is not None and coordinator.reseeds_on_resume:
             seed = member.seed = derive_seed(member.seed,
                                              f"resume-{node.num_merged}")
         return [

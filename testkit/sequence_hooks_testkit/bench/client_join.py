@@ -40,6 +40,7 @@ which are passed through unchanged.
 """
 
 import itertools
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
@@ -48,7 +49,6 @@ from sequence_hooks.actions import (Abort, Action, Fork, MemberResult, Park,
                                     ReportTree, RequestParams, Resume)
 from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.texts import decode_own, encode_merge
 from sequence_hooks.tree import PromiseNode
 
 # A sequence's place in its tree: () for the request's own sequence, (1,)
@@ -279,8 +279,11 @@ class JoinTask:
         self.sender = sender
         self.options = options or (lambda role, sampled: {})
         self.on_done = on_done
-        self.coordinator = Coordinator.for_format(special_kwargs, self,
-                                                  max_model_len, tokenizer)
+        # Seeds go through unchanged (`_fork`): no resume reseeds.
+        self.coordinator = Coordinator.for_format(special_kwargs,
+                                                  max_model_len,
+                                                  tokenizer,
+                                                  clock=time.monotonic)
         self.sequences = {
             task_id:
             JoinSequence(task_id, (), new_text(tokenizer, self.prompt_ids),
@@ -345,8 +348,8 @@ class JoinTask:
             last = finish_reason is not None and i == len(token_ids) - 1
             if token_id == self.special_kwargs.promise_token_id and not last:
                 self._carry_out(
-                    self.coordinator.sampled(member_id, token_id,
-                                             len(seq.text.ids), self._params))
+                    self.coordinator.sampled(member_id, seq.text.ids,
+                                             self._params))
         if finish_reason is None:
             return
         seq.request_id = None
@@ -359,8 +362,7 @@ class JoinTask:
                 # last allowed token ends the sequence.
                 self._finish(seq, member_id, "length")
             else:
-                actions = self.coordinator.sampled(member_id, own[-1],
-                                                   len(seq.text.ids),
+                actions = self.coordinator.sampled(member_id, seq.text.ids,
                                                    self._params)
                 if not actions:
                     # An ordinary `<sync>`: the sequence goes on.
@@ -432,22 +434,6 @@ class JoinTask:
                 self.sender.cancel(seq.request_id)
                 seq.request_id = None
             seq.parked = False
-
-    # What the coordinator asks (`sequence_hooks.actions.EngineQueries`).
-
-    def engine_finished(self, member_id: str) -> bool:
-        # Every finish reaches the join as it happens.
-        return False
-
-    def encode(self, member_id: str, text: str) -> list[int]:
-        return encode_merge(self.tokenizer, text)
-
-    def decode(self, member_id: str, token_ids: list[int]) -> str:
-        return decode_own(self.tokenizer, token_ids)
-
-    def reseeds_on_resume(self, member_id: str, num_tokens: int) -> bool:
-        # Seeds go through unchanged (`_fork`).
-        return False
 
 
 def sender_defaults(defaults: Optional[dict]) -> dict:
