@@ -25,7 +25,7 @@ from fake_engine import FakeLogprob
 from sequence_hooks.actions import (Abort, Action, Fork, MemberResult,
                                     ReportTree, RequestParams, Restart,
                                     StartTree)
-from sequence_hooks.formats.apr import CALLING
+from sequence_hooks.formats.apr import CALLING, call_trace, child_budget
 from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.training_records import training_records
@@ -615,3 +615,19 @@ def test_training_records_train_only_what_was_sampled_after_its_ids():
     assert record.token_ids[-1] == EOS
     assert record.sampled_mask == (True, ) * (len(record.token_ids) - 1) + (
         False, )
+
+
+def test_a_trace_without_a_bos_is_its_text():
+    """The reference replaces the BOS sent as text by a space; a tokenizer
+    with none sends none, and the text stays as it is (a replace of ""
+    would put a space between every two characters)."""
+    assert call_trace("", "ab", "c") == "abc"
+    assert call_trace(BOS, "ab", "c") == "abc"
+    assert call_trace(BOS, "ab", BOS + "c") == "ab c"
+
+
+def test_a_call_listing_no_node_has_no_budget_to_split():
+    assert child_budget(4096, 0, True) == 4096
+    assert child_budget(4096, 2, True) == 2048
+    assert child_budget(4096, 3, True) == 1536
+    assert child_budget(None, 2, True) is None

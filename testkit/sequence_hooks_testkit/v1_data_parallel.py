@@ -76,18 +76,27 @@ def held_by_engines(url: str) -> dict[str, Any]:
         of each engine core (its `engine` label), and the hooks' gauges
         (children running, parents parked), which `/metrics` sums over
         the engine cores.
+
+    Raises:
+        KeyError: A gauge it reads has no sample (read as 0, it would
+            pass any idle check), named.
     """
     text = requests.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text
     engines: dict[str, dict[str, float]] = {}
-    hooks = dict.fromkeys(HOOK_GAUGES, 0.0)
+    hooks: dict[str, float] = {}
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         value = line.rsplit(" ", 1)[-1]
         if name in ENGINE_GAUGES:
             engine = line.split('engine="', 1)[1].split('"', 1)[0]
             engines.setdefault(engine, {})[ENGINE_GAUGES[name]] = float(value)
-        elif name in hooks:
-            hooks[name] += float(value)
+        elif name in HOOK_GAUGES:
+            hooks[name] = hooks.get(name, 0.0) + float(value)
+    shown = {what for values in engines.values() for what in values}
+    missing = [n for n, what in ENGINE_GAUGES.items() if what not in shown]
+    missing += [n for n in HOOK_GAUGES if n not in hooks]
+    if missing:
+        raise KeyError(f"not on /metrics: {', '.join(missing)}")
     return {"engines": engines, **hooks}
 
 

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
@@ -230,7 +230,12 @@ HELD_METRICS = {
 
 
 def held(url: str) -> dict[str, float]:
-    """What the server holds now (one read of /metrics)."""
+    """What the server holds now (one read of /metrics).
+
+    Raises:
+        KeyError: One of `HELD_METRICS` is not on /metrics (read as 0,
+            it would pass any idle check).
+    """
     values = metrics(url, list(HELD_METRICS.values()))
     return {what: values[name] for what, name in HELD_METRICS.items()}
 
@@ -240,6 +245,7 @@ def assert_idle(url: str, timeout_s: float) -> None:
 
     Raises:
         AssertionError: It still held something after ``timeout_s``.
+        KeyError: A metric it reads is not on /metrics (`held`).
     """
     deadline = time.monotonic() + timeout_s
     now = held(url)
@@ -250,30 +256,52 @@ def assert_idle(url: str, timeout_s: float) -> None:
 
 
 def metric(url: str, name: str, prefix: str = "vllm:sequence_hook_") -> float:
-    """The sum of a metric's samples on the server's /metrics (0 if none).
+    """The sum of a metric's samples on the server's /metrics.
 
     Args:
         url: The server's base URL.
         name: The metric's name after ``prefix``.
         prefix: `vllm:sequence_hook_` for the hooks' metrics, `vllm:` for
             vLLM's own.
+
+    Raises:
+        KeyError: The metric has no sample there.
     """
     return metrics(url, [prefix + name])[prefix + name]
 
 
-def metrics(url: str, names: list[str]) -> dict[str, float]:
+def metrics(
+    url: str, names: list[str],
+    optional: Collection[str] = ()) -> dict[str, float]:
     """Several metrics (full names) from one read of /metrics, each the sum
-    of its samples (0 if none)."""
+    of its samples (`metric_totals`: a missing one raises KeyError unless
+    ``optional``)."""
     text = requests.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text
-    return metric_totals(text, names)
+    return metric_totals(text, names, optional)
 
 
-def metric_totals(text: str, names: list[str]) -> dict[str, float]:
-    """Each of ``names`` summed over its samples in a /metrics text (0 if
-    absent)."""
-    totals = dict.fromkeys(names, 0.0)
+def metric_totals(
+    text: str, names: list[str],
+    optional: Collection[str] = ()) -> dict[str, float]:
+    """Each of ``names`` summed over its samples in a /metrics text.
+
+    Args:
+        text: The /metrics text.
+        names: Full metric names (a counter's with ``_total``).
+        optional: Names that may have no sample (read as 0): a metric the
+            server may not export at all, never one a check relies on.
+
+    Raises:
+        KeyError: A name not ``optional`` has no sample, named.
+    """
+    totals: dict[str, float] = {}
+    wanted = set(names)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
-    return totals
+        if name in wanted:
+            totals[name] = totals.get(name, 0.0) + float(
+                line.rsplit(" ", 1)[1])
+    missing = [n for n in names if n not in totals and n not in optional]
+    if missing:
+        raise KeyError(f"not on /metrics: {', '.join(missing)}")
+    return {name: totals.get(name, 0.0) for name in names}

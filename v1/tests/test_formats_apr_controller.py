@@ -6,9 +6,9 @@ fresh prompts, the text join into the cut-back parent, the answer."""
 
 from sequence_hooks_testkit.formats.apr_controller import (APRController,
                                                            TextCompletion,
-                                                           child_budget,
-                                                           run_apr,
-                                                           search_result)
+                                                           run_apr)
+from sequence_hooks_testkit.formats.apr_trace import (child_budget,
+                                                      search_result)
 
 BOS = "<s>"
 ROOT = "Moving to Node #0\nCurrent State: 39:[25, 36, 51, 49], Operations: []\n"

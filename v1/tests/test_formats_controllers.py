@@ -21,9 +21,7 @@ import pytest
 
 from sequence_hooks_testkit.formats.backends import HTTPBackend
 from sequence_hooks_testkit.formats.threadweaver_controller import (
-    CLOSURE, CONCLUSION_CONTINUATION, CONCLUSION_FINAL, CONTINUATION, FINAL,
-    MAX_ITERATIONS, Completion, ThreadWeaverController, first_header,
-    later_header, outline_labels, run)
+    MAX_ITERATIONS, Completion, ThreadWeaverController, outline_labels, run)
 from sequence_hooks_testkit.formats.toy_server import toy_server
 from sequence_hooks_testkit.training import threadweaver_task as task_mod
 
@@ -36,6 +34,25 @@ PROMPTS = [
     json.loads(line)["prompt"]
     for line in (MODEL / "prompts.jsonl").read_text().splitlines()
 ]
+
+# ThreadWeaver's own strings, as its `ParallelBranchingController` writes
+# them (facebookresearch/threadweaver, single_turn_agent_loop.py): the
+# expectations, written here, not read from the controller under test.
+LABELS = re.compile(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:")
+CLOSURE = "\n</Thread>"
+CONTINUATION, FINAL = "\n", "\n</Parallel>"
+CONCLUSION_CONTINUATION = "\n<Conclusion>\n"
+CONCLUSION_FINAL = "\n<Conclusion>\n</Conclusion>\n</Parallel>"
+
+
+def first_header(label: str) -> str:
+    """A branch's prompt header, and the first branch's in the join."""
+    return "\n<Thread>\n" + f"{label}:"
+
+
+def later_header(label: str) -> str:
+    """Every later branch's header in the join."""
+    return "<Thread>\n" + f"{label}:"
 
 
 def ids(text: str) -> list[int]:
@@ -245,7 +262,7 @@ def check_rollout(prompt: list[int], out: dict) -> None:
         context = prompt + response[:fork["position"]]
         start = len(context) - context[::-1].index(
             TOKENIZER.convert_tokens_to_ids("<Outlines>")) - 1
-        labels = outline_labels(TOKENIZER.decode(context[start:]))
+        labels = LABELS.findall(TOKENIZER.decode(context[start:]))
         assert [b["label"]
                 for b in fork["branches"]] == list(dict.fromkeys(labels))
         joined, ended = [], False
@@ -357,6 +374,12 @@ def test_on_the_toy_model_the_step_cap_stops_where_it_is(runs):
 
 
 def test_on_the_toy_model_seeded_samples_are_seeded_as_vllm_seeds_n(runs):
+    """Sample i's first call samples what stock vLLM's sample i of one
+    request with ``n`` does (vLLM seeds it ``seed + i``), and each sample
+    answers as a request of that seed alone."""
+    [stock] = runs["seeded"]["stock_n"]
+    assert stock["first_calls"] == stock["stock"]
+    assert len({tuple(ids) for ids in stock["stock"]}) > 1
     [samples] = runs["seeded"]["rollouts"]
     alone = [runs[f"seed {seed}"]["rollouts"][0][0] for seed in (7, 8, 9)]
     assert [s["token_ids"] for s in samples] == [a["token_ids"] for a in alone]

@@ -57,7 +57,12 @@ def served(request, tmp_path_factory):
                     tmp_path_factory.mktemp(name) / "server.log",
                     ("--special-kwargs", json.dumps({"format": name}), *pool),
                     max_model_len=window) as url:
-        yield name, url, model, prompts
+        served = name, url, model, prompts
+        # vLLM's own gauges show on /metrics once set: a first search sets
+        # them, so that every idle check reads them (`assert_idle` fails
+        # on a metric that is not there).
+        choices(url, "/v1/completions", body(served, prompts[0], False))
+        yield served
 
 
 def body(served, prompt: str, stream: bool) -> dict:

@@ -18,7 +18,7 @@ from sequence_hooks_testkit.v1_batch_queue import (FILLER, BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler)
 from vllm import SamplingParams
-from vllm.logprobs import append_logprobs_for_next_position
+from vllm.logprobs import Logprob, append_logprobs_for_next_position
 from vllm.v1.outputs import LogprobsLists
 from vllm.v1.request import Request
 
@@ -56,26 +56,37 @@ def frontend(new_logprobs: LogprobsLists, num_logprobs: int) -> list:
     return entries
 
 
-@pytest.mark.parametrize("asked", [{
-    "logprobs": 0
-}, {
-    "logprobs": 1
-}, {
-    "logprobs": 3
-}, {
-    "logprob_token_ids": [7, 8]
-}],
-                         ids=["0", "1", "3", "token ids"])
-def test_a_member_keeps_what_it_asked_for_not_the_batch_s(asked):
+def entry(*columns: tuple[int, float, int]) -> dict:
+    """A sampled token's entry as an output shows it, from its columns:
+    (token, logprob, rank)."""
+    return {token: Logprob(value, rank) for token, value, rank in columns}
+
+
+# `rows([5, 6], [1, 9])` as a member that asked for a count reads them:
+# the sampled token (5 ranks 1, its own top token; 6 ranks 9), then the
+# top tokens 100 (-0.5), 101 (-1.0), 102 (-1.5)... up to the count.
+FIVE, SIX = (5, -0.5, 1), (6, -4.5, 9)
+TOP = [(100, -0.5, 1), (101, -1.0, 2), (102, -1.5, 3)]
+
+
+@pytest.mark.parametrize("asked,expected", [
+    pytest.param(dict(logprobs=0), [entry(FIVE), entry(SIX)], id="0"),
+    pytest.param(dict(logprobs=1),
+                 [entry(FIVE), entry(SIX, TOP[0])], id="1"),
+    pytest.param(
+        dict(logprobs=3),
+        [entry(FIVE, *TOP[1:]), entry(SIX, *TOP)], id="3"),
+    pytest.param(
+        dict(logprob_token_ids=[7, 8]),
+        [entry(FIVE, TOP[1]), entry(SIX, *TOP[:2])],
+        id="token ids"),
+])
+def test_a_member_keeps_what_it_asked_for_not_the_batch_s(asked, expected):
     """As the frontend cuts an output's rows to the request's count."""
     kept = MemberLogprobs()
-    member = request(**asked)
-    kept.keep(member)
-    step = rows([5, 6], [1, 9])
-    kept.sampled("member", step)
-    count = member.sampling_params.num_logprobs
-    assert kept.current("member") == frontend(step, count)
-    assert all(len(entry) <= count + 1 for entry in kept.current("member"))
+    kept.keep(request(**asked))
+    kept.sampled("member", rows([5, 6], [1, 9]))
+    assert kept.current("member") == expected
     kept.pop("member")
     assert kept.by_member == {} and kept.asked == {}
 

@@ -59,10 +59,10 @@ def read_metrics(url: str) -> dict[str, float]:
         for line in text.splitlines() if not line.startswith("#")
     }
     assert not set(hooks) - shown, sorted(set(hooks) - shown)
+    totals = metric_totals(text, hooks + list(VLLM_OWN), VLLM_OWN)
     return {
         name.removeprefix(PREFIX): value
-        for name, value in metric_totals(text, hooks + list(VLLM_OWN)).items()
-        if name in shown
+        for name, value in totals.items() if name in shown
     }
 
 
@@ -178,3 +178,14 @@ def test_a_folder_the_user_set_is_kept(tmp_path, monkeypatch):
     assert os.environ[ENV] == str(tmp_path)
     assert prometheus_client.values.ValueClass is value_class
     assert not list(tmp_path.iterdir())
+
+
+def test_a_metric_missing_from_metrics_is_an_error_not_zero():
+    """An idle or leak check that read a missing metric as 0 would pass
+    whatever the server holds: `metric_totals` names it instead."""
+    text = ("# HELP vllm:a_total A.\nvllm:a_total{engine=\"0\"} 2.0\n"
+            "vllm:a_total{engine=\"1\"} 1.0\n")
+    assert metric_totals(text, ["vllm:a_total"]) == {"vllm:a_total": 3.0}
+    with pytest.raises(KeyError, match="vllm:b"):
+        metric_totals(text, ["vllm:a_total", "vllm:b"])
+    assert metric_totals(text, ["vllm:b"], ["vllm:b"]) == {"vllm:b": 0.0}

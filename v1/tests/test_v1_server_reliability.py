@@ -32,9 +32,16 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_path, tmp_path_factory):
+def server(tiny_model_path, hook_ids, tmp_path_factory):
     with hooked_v1_server(tiny_model_path, tmp_path_factory.mktemp("serve"),
                           POOL) as url:
+        # vLLM's own gauges show on /metrics once set: a first request
+        # sets them, so that every idle check reads them (`assert_idle`
+        # fails on a metric that is not there).
+        requests.post(url + "/v1/completions",
+                      json=scripted_body(tree_plans(hook_ids, 0), hook_ids,
+                                         tiny_model_path, False),
+                      timeout=REQUEST_TIMEOUT_S).raise_for_status()
         yield url
 
 

@@ -155,7 +155,8 @@ def test_a_served_answer_ended_by_a_stop_string_has_its_tree(
 
 
 def hook_metric(url: str, name: str) -> float:
-    """`vllm:sequence_hook_<name>` on the server's /metrics (0 if absent)."""
+    """`vllm:sequence_hook_<name>` on the server's /metrics (KeyError if
+    absent)."""
     return metric(url, name)
 
 

@@ -77,7 +77,11 @@ class Node:
 
 def call_trace(bos_token: str, prefix: str, completion: str) -> str:
     """A call's trace as the reference's `generate` returns it: the BOS
-    (sent as text) replaced by a space, one leading space dropped."""
+    (sent as text) replaced by a space, one leading space dropped; with no
+    BOS ("": the reference's replace would put a space between every two
+    characters) the text as it is."""
+    if not bos_token:
+        return prefix + completion
     text = (bos_token + prefix + completion).replace(bos_token, " ")
     return text[1:] if text.startswith(" ") else text
 
@@ -145,8 +149,9 @@ def sub_searches(trace: str) -> list[Node]:
 def child_budget(budget: Optional[int], children: int,
                  avg_sub_call: bool) -> Optional[int]:
     """A child's ``Token Budget``: the whole, or with ``avg_sub_call`` its
-    share rounded up to a multiple of 512."""
-    if not avg_sub_call or budget is None:
+    share rounded up to a multiple of 512 (a call listing no node has no
+    child to share it)."""
+    if not avg_sub_call or budget is None or not children:
         return budget
     return int((budget / children - 1) // 512 + 1) * 512
 

@@ -56,6 +56,13 @@ COUNTERS = ("vllm:prompt_tokens_total", "vllm:prefix_cache_queries_total",
             "vllm:sequence_hook_merged_tokens_total",
             "vllm:sequence_hook_syncs_blocked_total",
             "vllm:num_preemptions_total")
+# Of `COUNTERS`, those a server may not export, read as 0: the hooks' (a
+# stock server has none) and the prefix cache's (V0 has none).
+OPTIONAL_COUNTERS = ("vllm:prefix_cache_queries_total",
+                     "vllm:prefix_cache_hits_total",
+                     "vllm:sequence_hook_promises_spawned_total",
+                     "vllm:sequence_hook_merged_tokens_total",
+                     "vllm:sequence_hook_syncs_blocked_total")
 # Side: (server, form).
 SIDES = {
     "hooks_v1": ("plugin", "parallel"),
@@ -313,8 +320,10 @@ class Sides:
 
     def counters(self, server: str) -> dict[str, float]:
         """The `COUNTERS` on a server's /metrics, each summed over its
-        samples (0 if absent); read between runs, while it is idle."""
-        return metrics(self.servers[server].base, list(COUNTERS))
+        samples (`OPTIONAL_COUNTERS` 0 if absent, any other missing raises
+        KeyError); read between runs, while it is idle."""
+        return metrics(self.servers[server].base, list(COUNTERS),
+                       OPTIONAL_COUNTERS)
 
     async def gauges(self, server: str) -> dict[str, float]:
         """The server's KV-pool usage (0-1) and queue lengths, now (read
@@ -323,7 +332,8 @@ class Sides:
         async with self.session.get(
                 f"{self.servers[server].base}/metrics") as response:
             text = await response.text()
-        read = metric_totals(text, list(names))
+        # Each 0 until shown (a gauge shows once it is set).
+        read = metric_totals(text, list(names), optional=names)
         return {
             "kv_usage": read[KV_USAGE[server]],
             "running": read["vllm:num_requests_running"],

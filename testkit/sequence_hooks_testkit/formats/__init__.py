@@ -6,8 +6,15 @@ joins over stock vLLM (docs/formats.md).
 Modules:
 - `threadweaver_controller`: ThreadWeaver's outlines and threads (token
   ids), and `run_threadweaver`, which runs it in a process of its own;
-- `apr_controller`: APR's sub-searches (text);
+- `apr_controller`: APR's sub-searches (text), with `apr_trace`, its
+  trace grammar;
 - `driver`: runs controllers written as generators of calls, many at once;
 - `backends`: stock vLLM offline (`LLM.generate`) or over the OpenAI
-  completions API.
+  completions API, or a scripted model;
+- `golden`: the formats' golden traces (common/tests/golden/), written by
+  the controllers over scripted models.
+
+The controllers are the yardstick of the engine's formats: they parse,
+build prompts and join with code of their own, written from the formats'
+reference repositories, and import nothing of `sequence_hooks`.
 """

@@ -4,18 +4,18 @@
 
 The reference is Parallel-Reasoning/APR, src/eval/eval_apr.py
 (`call_search`, `decode_trace`, `generate`): text in, text out; its
-algorithm, written anew, is in docs/formats.md. The trace grammar it
-reads (parallel_infernce_utils.py) is `sequence_hooks.apr`, which the
-engine's lifecycle reads too.
+algorithm, written anew, is in docs/formats.md. It reads and writes
+traces with the test kit's own grammar (`apr_trace`), no code of the
+engine's: the yardstick of the engine's lifecycle must not share its
+slips. Sub-searches run as with ``--disable_parallel_inference`` (no
+result lost to two identical prompts).
 """
 
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-from sequence_hooks.apr import (CALLING, MALFORMED, SUB_SEARCHES, call_trace,
-                                calls_sub_searches, child_budget, ended_trace,
-                                joined_trace, search_result, sub_searches)
+from sequence_hooks_testkit.formats import apr_trace
 from sequence_hooks_testkit.formats.driver import Calls, drive, together
 
 
@@ -88,41 +88,40 @@ class APRController:
         """One trace decoded on from ``prefix`` (`decode_trace`)."""
         while True:
             params = dict(sampling,
-                          stop=[SUB_SEARCHES],
+                          stop=[apr_trace.STOP],
                           max_tokens=self.max_tokens)
             [done] = yield [(self.bos_token + prefix, params)]
             out.calls.append(
                 APRCall(self.bos_token + prefix, done.token_ids,
                         done.logprobs))
-            prefix = call_trace(self.bos_token, prefix, done.text)
-            if done.stop_reason != SUB_SEARCHES:
+            prefix = apr_trace.generated(self.bos_token, prefix, done.text)
+            if done.stop_reason != apr_trace.STOP:
                 break
-            prefix += CALLING
-        return ended_trace(prefix)
+            prefix += apr_trace.CALLING
+        return apr_trace.decoded(prefix)
 
     def rollout(self, prefix: str,
                 sampling: dict[str, Any]) -> Generator[Calls, list, Any]:
         """One search (`call_search`), as a generator of calls."""
         out = APRRollout()
         trace = yield from self.decode(prefix, sampling, out)
-        while calls_sub_searches(trace):
+        while apr_trace.calls_sub_searches(trace):
             try:
-                nodes = sub_searches(trace)
-            except MALFORMED as e:
+                prefixes, nodes = apr_trace.sub_search_info(
+                    trace, self.budget, self.avg_sub_call)
+            except Exception as e:
+                # The reference's `call_search` gives up on any error.
                 out.error = f"{type(e).__name__}: {e}"
                 break
-            budget = child_budget(self.budget, len(nodes), self.avg_sub_call)
-            children = yield from together([
-                self.decode(node.prefix(budget), sampling, out)
-                for node in nodes
-            ])
+            children = yield from together(
+                [self.decode(prefix, sampling, out) for prefix in prefixes])
             out.rounds.append(children)
+            results = [apr_trace.search_result(c) for c in children]
             trace = yield from self.decode(
-                joined_trace(trace, nodes,
-                             [search_result(c) for c in children]), sampling,
+                apr_trace.after_sub_searches(trace, nodes, results), sampling,
                 out)
         out.trace = trace
-        out.answer = None if out.error else search_result(trace)
+        out.answer = None if out.error else apr_trace.search_result(trace)
         return out
 
 

@@ -8,7 +8,8 @@ APR's).
 ``TokensPrompt``s); `HTTPBackend` sends one OpenAI completions request per
 call, a token-id prompt with ``return_token_ids: true`` (vLLM 0.32: the
 matched stop id is the last of ``choices[0].token_ids``);
-`ScriptedBackend` decodes a scripted model, model-free.
+`ScriptedBackend` and `ScriptedTextBackend` decode a scripted model,
+model-free; `Recorded` keeps a backend's calls.
 """
 
 import json
@@ -55,6 +56,16 @@ class LLMBackend:
                        o.outputs[0].finish_reason,
                        _sampled_logprobs(o.outputs[0])) for o in outputs
         ]
+
+    def samples(self, prompt: list[int], params: dict) -> list[list[int]]:
+        """The ids each sample of one request sampled (``params["n"]`` of
+        them), in order: stock vLLM's own parallel sampling."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        [output] = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)],
+                                     [SamplingParams(**params)],
+                                     use_tqdm=False)
+        return [list(sample.token_ids) for sample in output.outputs]
 
     def generate_text(self, prompts: list[str],
                       params: list[dict[str, Any]]) -> list[TextCompletion]:
@@ -125,6 +136,20 @@ class HTTPBackend:
             for c in choices
         ]
 
+    def samples(self, prompt: list[int], params: dict) -> list[list[int]]:
+        """The ids each sample of one request sampled (``params["n"]`` of
+        them), in order: stock vLLM's own parallel sampling."""
+        self.requests += 1
+        body = dict(params,
+                    model=self.model,
+                    prompt=prompt,
+                    return_token_ids=True)
+        choices = self._send("POST", "/v1/completions", body)["choices"]
+        return [
+            list(c["token_ids"])
+            for c in sorted(choices, key=lambda c: c["index"])
+        ]
+
     def generate_text(self, prompts: list[str],
                       params: list[dict[str, Any]]) -> list[TextCompletion]:
         """Sends one request per text prompt, all at once."""
@@ -168,4 +193,72 @@ class ScriptedBackend:
                     reason = "stop"
                     break
             done.append(Completion(tokens, reason))
+        return done
+
+
+class ScriptedTextBackend:
+    """Stock vLLM's completions API over a scripted greedy model, as a
+    text controller sees it: each prompt tokenized as the server does,
+    decoded to EOS, its ``max_tokens`` or one of its ``stop`` strings; the
+    text (special tokens skipped) ends before a matched stop string, the
+    ids keep every sampled token.
+
+    Args:
+        next_token: The model: a context's next token id.
+        tokenizer: ``encode(text)`` (special tokens in the text read as
+            such), ``decode(ids, skip_special_tokens=...)`` and
+            ``eos_token_id``.
+    """
+
+    def __init__(self, next_token: Callable[[list[int]], int], tokenizer):
+        self.next_token = next_token
+        self.tokenizer = tokenizer
+
+    def generate_text(self, prompts: list[str],
+                      params: list[dict[str, Any]]) -> list[TextCompletion]:
+        """Decodes every prompt in turn."""
+        done = []
+        for prompt, one in zip(prompts, params):
+            context = self.tokenizer.encode(prompt)
+            tokens: list[int] = []
+            reason, matched = "length", None
+            while len(tokens) < one["max_tokens"]:
+                token = self.next_token(context)
+                context.append(token)
+                tokens.append(token)
+                if token == self.tokenizer.eos_token_id:
+                    reason = "stop"
+                    break
+                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                matched = next((s for s in one.get("stop", []) if s in text),
+                               None)
+                if matched is not None:
+                    reason = "stop"
+                    break
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            if matched is not None:
+                text = text[:text.index(matched)]
+            done.append(TextCompletion(text, reason, matched, tokens))
+        return done
+
+
+class Recorded:
+    """A backend whose calls are kept, in the order sent: each prompt,
+    its parameters and its completion."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.max_model_len = getattr(backend, "max_model_len", None)
+        self.calls: list[tuple[Any, dict[str, Any], Any]] = []
+
+    def generate(self, prompts: list, params: list[dict]) -> list:
+        """The backend's `generate`, kept."""
+        done = self.backend.generate(prompts, params)
+        self.calls += zip(prompts, params, done)
+        return done
+
+    def generate_text(self, prompts: list, params: list[dict]) -> list:
+        """The backend's `generate_text`, kept."""
+        done = self.backend.generate_text(prompts, params)
+        self.calls += zip(prompts, params, done)
         return done

@@ -10,7 +10,10 @@ Usage (in .venv-v1): python -m sequence_hooks_testkit.formats.run_threadweaver
 CASES.json is a list of cases, each ``{"name", "prompts": [text],
 "settings": {controller keyword arguments}, "sampling": {...}, "n": 1}``.
 Offline (``LLM``, fp32, eager) unless ``--url`` names a ``vllm serve`` of
-MODEL.
+MODEL. With ``n`` > 1, each prompt is also sent once to stock vLLM with
+its first sample's first call's parameters and ``n``: ``"stock_n"`` has,
+per prompt, the ``n`` samples' first calls' ids and stock vLLM's ``n``
+samples' ids.
 """
 
 import argparse
@@ -19,6 +22,7 @@ import json
 import os
 from pathlib import Path
 
+from sequence_hooks_testkit.formats.backends import Recorded
 from sequence_hooks_testkit.formats.threadweaver_controller import (
     ThreadWeaverController, run)
 
@@ -50,15 +54,32 @@ def run_cases(backend, tokenizer, cases: list[dict]) -> list[dict]:
             tokenizer.encode(p, add_special_tokens=False)
             for p in case["prompts"]
         ]
-        rollouts = run(controller, backend, prompts, case.get("sampling"),
-                       case.get("n", 1))
-        results.append({
-            "name":
-            case["name"],
+        n = case.get("n", 1)
+        recorded = Recorded(backend)
+        rollouts = run(controller, recorded, prompts, case.get("sampling"), n)
+        result = {
+            "name": case["name"],
             "rollouts":
             [[dataclasses.asdict(r) for r in per] for per in rollouts],
-        })
+        }
+        if n > 1:
+            result["stock_n"] = [
+                stock_n(backend, recorded.calls[k * n:(k + 1) * n])
+                for k in range(len(prompts))
+            ]
+        results.append(result)
     return results
+
+
+def stock_n(backend, first_calls: list) -> dict[str, list[list[int]]]:
+    """One prompt's samples' first calls (the first step's, one per
+    sample), and stock vLLM's samples of one request with the first
+    sample's parameters and as many samples."""
+    prompt, params, _ = first_calls[0]
+    return {
+        "first_calls": [done.token_ids for _, _, done in first_calls],
+        "stock": backend.samples(prompt, dict(params, n=len(first_calls))),
+    }
 
 
 def runner_parser(doc: str) -> argparse.ArgumentParser:
