@@ -11,20 +11,21 @@ from dataclasses import dataclass, field
 class HookCounts:
     """The counts of one coordinator's trees, from its start."""
 
-    # Children spawned, and promises or branches a limit refused.
     promises_spawned: int = 0
+    """Children spawned."""
     promises_refused: int = 0
-    # Members parked until their children finished.
+    """Promises a limit refused."""
     syncs_blocked: int = 0
-    # Tokens appended to members by joins.
+    """Members parked until their children finished."""
     merged_tokens: int = 0
-    # Members parked now, and children alive now (running, waiting or
-    # parked).
+    """Tokens appended to members by joins."""
     parents_parked: int = 0
+    """Members parked now."""
     children_running: int = 0
-    # How long each member was parked (seconds of the coordinator's
-    # clock), observed when it resumed or was aborted, not yet exported.
+    """Children alive now (running, waiting or parked)."""
     blocked_times: list[float] = field(default_factory=list)
+    """How long each member was parked (seconds of the coordinator's
+    clock), observed when it resumed or was aborted, not yet exported."""
 
     def take_blocked_times(self) -> list[float]:
         """The parked times observed since the last call (an exporter's

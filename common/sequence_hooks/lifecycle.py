@@ -66,13 +66,8 @@ class FormatPolicy:
 
     def arrived(self, member_id: str, prompt_token_ids: list[int],
                 params: RequestParams) -> list[Action]:
-        """A request arrived (engines report arrivals only to a policy
-        with `trees_start_at_arrival`).
-
-        Args:
-            member_id: Its request id.
-            prompt_token_ids: Its prompt.
-            params: Its parameters.
+        """A request arrived (`Coordinator.arrived`; engines report
+        arrivals only to a policy with `trees_start_at_arrival`).
 
         Returns:
             The actions to carry out, in order.

@@ -32,10 +32,9 @@ from sequence_hooks.training_records import training_records
 from sequence_hooks_testkit.formats.apr_controller import (APRController,
                                                            TextCompletion,
                                                            run_apr)
-from sequence_hooks_testkit.formats.apr_scripts import (CALL, CHILD_0, CHILD_1,
-                                                        CONCLUDES, FAILS,
-                                                        GENERATED, LISTED,
-                                                        ROOT, WINS)
+from sequence_hooks_testkit.formats.apr_scripts import (
+    CALL, CHILD_0, CHILD_1, CONCLUDES, FAILS, GENERATED, GRANDCHILD_0,
+    GRANDCHILD_1, LISTED, ROOT, SECOND_CALL, WINS)
 
 SPECIAL = ("<s>", "</s>")
 MERGED = ("<End Calling Sub Searches>", "<Calling Sub Searches>",
@@ -469,24 +468,6 @@ def test_a_child_s_rewrite_past_the_context_window_ends_it_and_its_call(
     assert len(engine.prompts) == 3 + len(
         [a for a in engine.actions if isinstance(a, Restart)])
     assert engine.coordinator.num_members() == 0
-
-
-# After a first round whose sub-searches both fail, the root expands node
-# #0,1 and calls a sub-search on each of its two new nodes.
-SECOND_CALL = (
-    "Moving to Node #0,1\nCurrent State: 39:[51, 49, 11], Operations: "
-    "['36-25=11']\nExploring Operation: 51-11=40, Resulting Numbers: [49, 40]"
-    "\nGenerated Node #0,1,0: 39:[49, 40] Operation: 51-11=40\n"
-    "Exploring Operation: 49-11=38, Resulting Numbers: [51, 38]\n"
-    "Generated Node #0,1,1: 39:[51, 38] Operation: 49-11=38\n"
-    "<Calling Sub Searches>\n"
-    "<Start Sub Search 0 at level 1> Moving to Node #0,1,0\n"
-    "<Start Sub Search 1 at level 1> Moving to Node #0,1,1\n"
-    "<End Calling Sub Searches>\n")
-GRANDCHILD_0 = ("Moving to Node #0,1,0\nCurrent State: 39:[49, 40], "
-                "Operations: ['36-25=11', '51-11=40']")
-GRANDCHILD_1 = ("Moving to Node #0,1,1\nCurrent State: 39:[51, 38], "
-                "Operations: ['36-25=11', '49-11=38']")
 
 
 def test_a_second_round_of_sub_searches_joins_as_the_first():

@@ -32,7 +32,10 @@ import pytest
 from sequence_hooks import Format
 from sequence_hooks.fork_join import (NEEDS, Branch, BranchResult,
                                       ForkJoinPolicy, Joined)
-from sequence_hooks_testkit.formats.toy_server import choices, toy_server
+from sequence_hooks_testkit.formats.threadweaver_toy import MODEL
+from sequence_hooks_testkit.formats.toy_server import (choices,
+                                                       held_out_prompts,
+                                                       toy_server)
 from sequence_hooks_testkit.training import threadweaver_task as task_mod
 
 NAME = "outline_join"
@@ -102,12 +105,8 @@ FORMAT = Format(name=NAME,
                 },
                 summary="outlines fork threads, joined under their headers")
 
-MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
 TOKENIZER = task_mod.build_tokenizer()
-PROMPTS = [
-    json.loads(line)["prompt"]
-    for line in (MODEL / "prompts.jsonl").read_text().splitlines()
-][:8]
+PROMPTS = held_out_prompts(MODEL, 8)
 
 
 @pytest.fixture(scope="module")

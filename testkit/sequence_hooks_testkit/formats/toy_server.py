@@ -3,7 +3,7 @@
 """`vllm serve` of a format's toy model on V1, as its tests and benchmark
 start it: fp32, eager, seed 0, a window of 512 unless given; stock, or
 with the plugin's flags among ``extra_args``. `choices` reads an OpenAI
-answer, whole or streamed."""
+answer, whole or streamed; `held_out_prompts` a toy's prompts."""
 
 import json
 import os
@@ -20,6 +20,13 @@ from sequence_hooks_testkit.server import (spawn_logged, stop_server,
 from sequence_hooks_testkit.v1_server import free_port
 
 MAX_MODEL_LEN = 512
+
+
+def held_out_prompts(model: Path, count: int) -> list[str]:
+    """The first ``count`` of a toy's held-out prompts (the ``prompt`` of
+    each line of its prompts.jsonl)."""
+    lines = (model / "prompts.jsonl").read_text().splitlines()
+    return [json.loads(line)["prompt"] for line in lines[:count]]
 
 
 @contextmanager
