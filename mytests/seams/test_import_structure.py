@@ -6,9 +6,9 @@ nothing imported by path.
 Parses (never imports) every module of ours: the fork's modules (`vllm/`,
 at their upstream paths), the engine-neutral package (`common/`), the V1
 plugin (`v1/vllm_sequence_hooks`), the GRPO trainer over it
-(`v1/rl/vllm_sequence_hooks_rl`), the test kit with its subpackages
+(`rl/vllm_sequence_hooks_rl`), the test kit with its subpackages
 (`testkit/`) and the scripts that import each other by name (`fork/`,
-`training/research/`, `v1/rl/experiment/`, `benchmarks/v0/`,
+`training/research/`, `rl/experiment/`, `benchmarks/v0/`,
 `benchmarks/v1/`, `examples/`). Every import of one of them is an edge,
 wherever it stands: at module level, under `if TYPE_CHECKING:` or inside a
 function (an import deferred to dodge a cycle is still a cycle). Upstream
@@ -29,14 +29,13 @@ PACKAGES = {
     ROOT: "vllm",
     ROOT / "common": "sequence_hooks",
     ROOT / "v1": "vllm_sequence_hooks",
-    ROOT / "v1" / "rl": "vllm_sequence_hooks_rl",
+    ROOT / "rl": "vllm_sequence_hooks_rl",
     ROOT / "testkit": "sequence_hooks_testkit",
 }
 # Folders of scripts that import each other as top-level modules.
 SCRIPT_FOLDERS = (ROOT / "fork", ROOT / "training" / "research",
-                  ROOT / "v1" / "rl" / "experiment",
-                  ROOT / "benchmarks" / "v0", ROOT / "benchmarks" / "v1",
-                  ROOT / "examples")
+                  ROOT / "rl" / "experiment", ROOT / "benchmarks" / "v0",
+                  ROOT / "benchmarks" / "v1", ROOT / "examples")
 # The layers below the scripts, from the ground up.
 LAYERS = (("vllm", "sequence_hooks", "vllm_sequence_hooks"),
           ("vllm_sequence_hooks_rl", ), ("sequence_hooks_testkit", ))

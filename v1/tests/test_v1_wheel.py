@@ -106,7 +106,7 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_holds_the_two_packages_and_nothing_else(wheel):
     """Every tracked module and record of the plugin and of the shared
-    package, and no other file of theirs: not the GRPO trainer (v1/rl,
+    package, and no other file of theirs: not the GRPO trainer (rl/,
     a distribution of its own)."""
     expected = {
         name.removeprefix("v1/")

@@ -17,7 +17,7 @@ CPU and wall seconds, children and trained tokens; per kind the mean CPU
 seconds; ``packed_cpu_over_c`` and ``packed_cpu_over_per_node``.
 
 Usage (in `.venv-rl`):
-    python v1/rl/experiment/rl_packing.py --rounds 3
+    python rl/experiment/rl_packing.py --rounds 3
 """
 
 import argparse

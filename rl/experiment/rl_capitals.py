@@ -40,10 +40,10 @@ token, whether the weights changed; it exits 1 if that difference is
 over `LOGPROB_TOLERANCE` or the weights did not change.
 
 Usage (from `./dev rl [...]`, in `.venv-rl`):
-    python v1/rl/experiment/rl_capitals.py --smoke
-    python v1/rl/experiment/rl_capitals.py --evaluate before
-    python v1/rl/experiment/rl_capitals.py --arm A --seed 1  # B, C; seeds 0-2
-    python v1/rl/experiment/rl_capitals.py --arm B --time-steps 3
+    python rl/experiment/rl_capitals.py --smoke
+    python rl/experiment/rl_capitals.py --evaluate before
+    python rl/experiment/rl_capitals.py --arm A --seed 1  # B, C; seeds 0-2
+    python rl/experiment/rl_capitals.py --arm B --time-steps 3
 """
 
 import argparse
@@ -80,9 +80,9 @@ from sequence_hooks_testkit.training import capitals_task as task  # noqa: E402
 from sequence_hooks_testkit.training import (  # noqa: E402
     prepare_base_model as prepare)
 
-# The experiment's scripts (v1/rl/experiment) and the repository.
+# The experiment's scripts (rl/experiment) and the repository.
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
+ROOT = HERE.parents[1]
 EVAL = HERE / "rl_eval.py"
 SCORES = HERE / "rl_token_scores.py"
 SPECIAL_KWARGS = dict(sync_token=task.SYNC,

@@ -20,9 +20,9 @@ Run in its own process (`rl_capitals.py` does): a second engine in the
 trainer's process would compute wrong logits.
 
 Usage (in `.venv-rl`):
-    python v1/rl/experiment/rl_eval.py --model CHECKPOINT --out RESULTS.json
+    python rl/experiment/rl_eval.py --model CHECKPOINT --out RESULTS.json
     # what a checkpoint writes: the first 2 tasks of each half and form
-    python v1/rl/experiment/rl_eval.py --model CHECKPOINT --out TEXTS.json \
+    python rl/experiment/rl_eval.py --model CHECKPOINT --out TEXTS.json \
         --tasks 2 --texts
 """
 

@@ -71,14 +71,14 @@ RAW_KEYS = ("commit", "code_dirty", "steps", "minutes", "settings", "log",
             "eval_seconds", "per_task", "common_set_scores")
 # The files the experiment's code is: a part records whether they differed
 # from its commit when it ran (parts recorded before these scripts moved
-# from models/ to v1/rl/experiment/ checked them at their old paths; a
+# from models/ to rl/experiment/ checked them at their old paths; a
 # part records only the commit and that flag, never the paths).
-CODE_FILES = ("v1/rl/experiment/rl_capitals.py", "v1/rl/experiment/rl_eval.py",
-              "v1/rl/experiment/rl_experiment.py",
-              "v1/rl/experiment/rl_seeds.py",
-              "v1/rl/experiment/rl_token_scores.py",
+CODE_FILES = ("rl/experiment/rl_capitals.py", "rl/experiment/rl_eval.py",
+              "rl/experiment/rl_experiment.py",
+              "rl/experiment/rl_seeds.py",
+              "rl/experiment/rl_token_scores.py",
               "testkit/sequence_hooks_testkit/training/capitals_task.py",
-              "v1/rl/vllm_sequence_hooks_rl", "v1/vllm_sequence_hooks",
+              "rl/vllm_sequence_hooks_rl", "v1/vllm_sequence_hooks",
               "common/sequence_hooks")
 
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The TRL releases the trainer was tested on, and each private member of
-TRL it overrides or relies on (`v1/rl/tests/test_rl_seams.py` fails
+TRL it overrides or relies on (`rl/tests/test_rl_seams.py` fails
 loudly when TRL changes one)."""
 
 # The TRL releases this package was tested on: it overrides and reaches

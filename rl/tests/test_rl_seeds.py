@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The experiment over seeds (`v1/rl/experiment/rl_seeds.py`, issue 46's
+"""The experiment over seeds (`rl/experiment/rl_seeds.py`, issue 46's
 addendum): P1 to P4 judged on the seeds' mean with the country-level test
 paired across seeds, B's collapse judged per seed, the common-set scores
 and the summary file that holds the seeds and the first run apart."""

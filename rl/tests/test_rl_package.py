@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The trainer's own distribution (`vllm-sequence-hooks-rl`, v1/rl): its
+"""The trainer's own distribution (`vllm-sequence-hooks-rl`, rl/): its
 wheel, built as from a fresh clone, holds the trainer's package alone and
 requires the plugin and TRL (the plugin's wheel holds neither:
 v1/tests/test_v1_wheel.py)."""
@@ -13,12 +13,12 @@ import zipfile
 from email.parser import Parser
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "vllm_sequence_hooks_rl"
 
 
 def test_the_trainers_wheel_holds_its_package_and_needs_the_plugin(tmp_path):
-    tracked = subprocess.run(["git", "ls-files", "v1/rl"],
+    tracked = subprocess.run(["git", "ls-files", "rl"],
                              capture_output=True,
                              text=True,
                              check=True,
@@ -29,7 +29,7 @@ def test_the_trainers_wheel_holds_its_package_and_needs_the_plugin(tmp_path):
     subprocess.run([
         sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
         str(tmp_path / "wheels"),
-        str(tmp_path / "v1" / "rl")
+        str(tmp_path / "rl")
     ],
                    check=True,
                    timeout=600)
@@ -41,8 +41,8 @@ def test_the_trainers_wheel_holds_its_package_and_needs_the_plugin(tmp_path):
             archive.read(metadata).decode()).get_all("Requires-Dist")
     modules = {n for n in names if ".dist-info/" not in n}
     assert modules == {
-        name.removeprefix("v1/rl/")
-        for name in tracked if name.startswith(f"v1/rl/{PACKAGE}/")
+        name.removeprefix("rl/")
+        for name in tracked if name.startswith(f"rl/{PACKAGE}/")
     }
     assert {re.match(r"[\w.-]+", r)[0]
             for r in requires} == {"vllm-sequence-hooks", "trl"}

@@ -8,7 +8,7 @@
 # editable installs point at this checkout, which moves on), so the code
 # that runs is the commit's whatever this checkout holds.
 #
-# Usage: v1/rl/experiment/rl_runs.sh COMMIT [RUN ...]
+# Usage: rl/experiment/rl_runs.sh COMMIT [RUN ...]
 #   RUN: before, or <arm><seed> (A0 ... C2); default: all ten in order
 #   (name the ones not in rl_arms.json yet, e.g. B0 C0 A1 B1 C1 A2 B2 C2).
 # Each run's output goes to $RL_LOGS (default /tmp/rl-runs): RUN.out,
@@ -32,10 +32,11 @@ if [ ! -d "$tree" ]; then
 fi
 [ "$(git -C "$tree" rev-parse HEAD)" = "$(git -C "$root" rev-parse "$commit")" ]
 # The script as the commit has it: the recorded runs' commits predate its
-# move from models/ to v1/rl/experiment/.
-script=v1/rl/experiment/rl_capitals.py
+# move from models/ to rl/experiment/ (and the trainer's from rl/ to
+# rl/).
+script=rl/experiment/rl_capitals.py
 [ -e "$tree/$script" ] || script=models/rl_capitals.py
-export PYTHONPATH=$tree/common:$tree/v1:$tree/v1/rl:$tree/testkit
+export PYTHONPATH=$tree/common:$tree/v1:$tree/rl:$tree/rl/:$tree/testkit
 runs=("$@")
 if [ ${#runs[@]} -eq 0 ]; then
   runs=(before A0 B0 C0 A1 B1 C1 A2 B2 C2)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Entropy and KL on the common token set
-(`v1/rl/experiment/rl_token_scores.py`), on the real promise model: a tree
+(`rl/experiment/rl_token_scores.py`), on the real promise model: a tree
 in the task's form, scored as one packed row, gives at every sampled token
 the entropy and KL that a forward of that node's own context gives; the
 set survives its compact form; a model against itself has KL 0, a changed

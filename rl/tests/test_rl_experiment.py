@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The three-arm experiment's pure parts
-(`v1/rl/experiment/rl_experiment.py`): the data split, the gated reward,
+(`rl/experiment/rl_experiment.py`): the data split, the gated reward,
 the sign test, the figures and criteria computed from per-task results,
 and the summary that recomputes them."""
 

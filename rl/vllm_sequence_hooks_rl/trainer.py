@@ -26,7 +26,7 @@ the tree's mask and positions, and a sequence-level importance-sampling
 ratio is made per node, as per-node rows have it. ``packed=False`` gives
 each child a row of its own after the roots' rows (`_generate`), with its
 root's advantage copied (`_generate_and_score_completions`): the same
-loss and gradients (`v1/rl/tests/test_rl_packing.py`), at the cost of
+loss and gradients (`rl/tests/test_rl_packing.py`), at the cost of
 every parent's context once per child.
 """
 

@@ -16,7 +16,7 @@ training's). A tree is one packed row (`vllm_sequence_hooks_rl.packing`):
 each token sees what it was generated after, at its position.
 
 Usage (in `.venv-rl`; no engine, transformers only):
-    python v1/rl/experiment/rl_token_scores.py --model CHECKPOINT \
+    python rl/experiment/rl_token_scores.py --model CHECKPOINT \
         --reference START --set COMMON_SET.json --out SCORES.json
 """
 
