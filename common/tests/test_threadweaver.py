@@ -379,3 +379,22 @@ def test_a_fork_with_no_room_for_a_thread_decodes_on_to_the_window(seed):
     assert TOKENIZER.decode(got).startswith(OUTLINES + "\n</Parallel>")
     [report] = [a for a in engine.actions if isinstance(a, ReportTree)]
     assert report.tree.finish_reason == "length"
+
+
+def test_a_requests_own_stop_makes_the_controller_call_again():
+    """The controller merges the request's stop ids into its calls'; a
+    call that ends at one (neither EOS nor length) is followed by another
+    sequential call from the whole context, where the engine ends the
+    answer (docs/formats.md: a difference of the engine's)."""
+    model = CASES["several outlines"]
+    stop = TOKENIZER.encode("A")[0]
+    backend = ScriptedBackend(model.next_token, EOS, 120)
+    plain = tw.run(tw.ThreadWeaverController(TOKENIZER), backend,
+                   [PROMPT])[0][0]
+    stopped = tw.run(tw.ThreadWeaverController(TOKENIZER), backend, [PROMPT], {
+        "temperature": 0.0,
+        "stop_token_ids": [stop]
+    })[0][0]
+    # "A" after the join: one more call, the same answer.
+    assert stopped.token_ids == plain.token_ids
+    assert stopped.calls == plain.calls + 1

@@ -6,6 +6,9 @@ joins over stock vLLM (docs/formats.md).
 Modules:
 - `threadweaver_controller`: ThreadWeaver's outlines and threads (token
   ids), and `run_threadweaver`, which runs it in a process of its own;
+- `threadweaver_simple_eval`: ThreadWeaver's evaluation controller
+  (text), with `run_threadweaver_simple_eval`, and `threadweaver_scripts`,
+  a scripted model for it;
 - `apr_controller`: APR's sub-searches (text), with `apr_trace`, its
   trace grammar;
 - `driver`: runs controllers written as generators of calls, many at once;

@@ -5,7 +5,7 @@
 each answer as JSON: its token ids, text, finish reason and tree.
 
 Usage (in .venv-v1): python -m sequence_hooks_testkit.formats.run_in_engine
-    MODEL FORMAT CASES.json OUT.json
+    MODEL FORMAT CASES.json OUT.json [--format-options JSON]
 
 CASES.json is a list of cases, each ``{"name", "prompts": [text],
 "max_tokens": N or null}``, greedy unless ``"sampling"`` gives
@@ -15,6 +15,7 @@ logprobs in the tree); fp32, eager, the same engine settings as
 `run_threadweaver`'s stock side. The prompts are tokenized without
 special tokens, or with ``"text": true`` sent as text (tokenized as the
 completions API does: APR's controller sends text).
+``--format-options`` gives the format's ``format_options``.
 """
 
 import argparse
@@ -30,6 +31,7 @@ def main() -> None:
     parser.add_argument("cases", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--format-options", type=json.loads)
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,7 +47,10 @@ def main() -> None:
               enforce_eager=True,
               dtype="float32",
               seed=0,
-              special_kwargs={"format": args.format})
+              special_kwargs={
+                  "format": args.format,
+                  "format_options": args.format_options
+              })
     tokenizer = llm.get_tokenizer()
     results = []
     for case in json.loads(args.cases.read_text()):
