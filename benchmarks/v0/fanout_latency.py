@@ -37,10 +37,8 @@ import statistics
 import time
 
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks_testkit.bench.client_join import (run_joins,
-                                                      scripted_options)
-from sequence_hooks_testkit.bench.runs import (count_steps, free_params,
-                                               prepare, report)
+from sequence_hooks_bench.runs import count_steps, free_params, prepare, report
+from sequence_hooks_references.client_join import run_joins, scripted_options
 from sequence_hooks_testkit.oracle import scripted
 
 PREFIX_TOKENS = 8  # a

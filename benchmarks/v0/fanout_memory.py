@@ -17,7 +17,7 @@ Usage: .venv/bin/python benchmarks/fanout_memory.py [--ks 1 2 4 8 16]
 import argparse
 import json
 
-from sequence_hooks_testkit.bench.runs import prepare, report, run_requests
+from sequence_hooks_bench.runs import prepare, report, run_requests
 from sequence_hooks_testkit.oracle import scripted
 
 BLOCK_SIZE = 16

@@ -18,7 +18,7 @@ import argparse
 import statistics
 import time
 
-from sequence_hooks_testkit.bench.runs import prepare, report
+from sequence_hooks_bench.runs import prepare, report
 from sequence_hooks_testkit.tiny_model import SPECIAL_TOKENS
 
 

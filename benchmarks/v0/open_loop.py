@@ -14,7 +14,7 @@ Three sides, each with its own engine in one process:
 
 - critical_path and stock_order: two hooked engines that differ only in
   `SpecialKwargs.critical_path_first`;
-- join: the peer client (`sequence_hooks_testkit.bench.client_join`) over a
+- join: the peer client (`sequence_hooks_references.client_join`) over a
   stock engine (no `special_kwargs`; with the scheduling options hooks
   turn on). Each arrival
   starts a `JoinTask`: its parent's request samples its own promises and
@@ -61,9 +61,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Optional
 
-from sequence_hooks_testkit.bench.client_join import EngineSender, JoinTask
-from sequence_hooks_testkit.bench.runs import (add_engine_options, prepare,
-                                               report)
+from sequence_hooks_bench.runs import add_engine_options, prepare, report
+from sequence_hooks_references.client_join import EngineSender, JoinTask
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from sequence_hooks_testkit.scripted_hooks import ScriptedHooks
 

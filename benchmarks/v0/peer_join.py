@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The hooks against their peer, the client-side join, side by side.
 
-The peer is `sequence_hooks_testkit.bench.client_join`: a client that streams a
+The peer is `sequence_hooks_references.client_join`: a client that streams a
 request's sequence from a stock engine, launches a child request at each
 `<promise>` the sequence samples, stops it at `<sync>` and sends one
 request over the merged context, as APR/ThreadWeaver-style systems run on
@@ -27,7 +27,7 @@ row names them. In one run, sides alternating:
 On the tiny test model (default) the work is scripted: a parent writes a
 tokens, promises k children of m tokens, syncs and writes n tokens, over
 distinct random prompts. With ``--model`` (the real model) it is the
-capitals task (`sequence_hooks_testkit.training.capitals_task`): the
+capitals task (`sequence_hooks_training.capitals_task`): the
 model's own promises over chat prompts of k countries, parallel form;
 plain requests are the sequential form.
 
@@ -52,12 +52,13 @@ from pathlib import Path
 from typing import Optional
 
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks_testkit.bench.client_join import (EngineSender, JoinTask,
-                                                      scripted_options)
-from sequence_hooks_testkit.bench.client_join_http import (
-    HttpSender, client_session, run_join, server_max_model_len)
-from sequence_hooks_testkit.bench.runs import (add_engine_options, prepare,
-                                               print_table)
+from sequence_hooks_bench.runs import add_engine_options, prepare, print_table
+from sequence_hooks_references.client_join import (EngineSender, JoinTask,
+                                                   scripted_options)
+from sequence_hooks_references.client_join_http import (HttpSender,
+                                                        client_session,
+                                                        run_join,
+                                                        server_max_model_len)
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 from sequence_hooks_testkit.server import (HOOKS_JSON, running_server,
@@ -123,7 +124,7 @@ class Workload:
                                             promise_token_id=promise,
                                             child_role_token_id=child)
         if self.real:
-            from sequence_hooks_testkit.training import capitals_task
+            from sequence_hooks_training import capitals_task
             self.capitals = capitals_task
 
     def fan_out(self, k: int, index: int) -> Task:

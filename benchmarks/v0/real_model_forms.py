@@ -31,9 +31,9 @@ import time
 
 import eval_real_model as evaluation
 
-from sequence_hooks_testkit.bench.runs import count_steps, report
-from sequence_hooks_testkit.training import capitals_task as task
-from sequence_hooks_testkit.training import prepare_base_model as prepare
+from sequence_hooks_bench.runs import count_steps, report
+from sequence_hooks_training import capitals_task as task
+from sequence_hooks_training import prepare_base_model as prepare
 
 
 def sampled_tokens(output) -> int:

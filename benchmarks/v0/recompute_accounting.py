@@ -9,7 +9,7 @@ for it), for the same fan-out run three ways side by side:
 - hooks: the hooked engine with room to spare. A child's first step
   computes the parent's `<promise>` and its role marker on top of the
   parent's KV cache; a resume computes `<sync>` and the merged tokens.
-- client join: the peer client (`sequence_hooks_testkit.bench.client_join`) on
+- client join: the peer client (`sequence_hooks_references.client_join`) on
   a stock engine with prefix caching and the scheduling options hooks
   turn on, as APR/ThreadWeaver-style systems join on unmodified vLLM: the
   parent's request samples its own a tokens, promises and `<sync>` (where
@@ -44,9 +44,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks_testkit.bench.client_join import (EngineSender, JoinTask,
-                                                      scripted_options)
-from sequence_hooks_testkit.bench.runs import prepare, report, run_requests
+from sequence_hooks_bench.runs import prepare, report, run_requests
+from sequence_hooks_references.client_join import (EngineSender, JoinTask,
+                                                   scripted_options)
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.schedule_recorder import ScheduleRecorder
 

@@ -23,8 +23,7 @@ import pstats
 import statistics
 import time
 
-from sequence_hooks_testkit.bench.runs import (count_steps, free_params,
-                                               prepare, report)
+from sequence_hooks_bench.runs import count_steps, free_params, prepare, report
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.tiny_model import SPECIAL_TOKENS
 

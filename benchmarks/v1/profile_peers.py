@@ -33,16 +33,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from sequence_hooks_testkit.bench.client_join_http import client_session
 # yapf conflicts with isort for this block
 # yapf: disable
-from sequence_hooks_testkit.bench.http_sides import (Sides, Workload,
-                                                     measured_run,
-                                                     one_cell_run,
-                                                     running_servers,
-                                                     same_texts,
-                                                     server_block_size,
-                                                     write_one_cell_run)
+from sequence_hooks_bench.http_sides import (Sides, Workload, measured_run,
+                                             one_cell_run, running_servers,
+                                             same_texts, server_block_size,
+                                             write_one_cell_run)
+from sequence_hooks_references.client_join_http import client_session
 
 # yapf: enable
 

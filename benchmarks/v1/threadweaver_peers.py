@@ -49,11 +49,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sequence_hooks_testkit.formats.backends import HTTPBackend
-from sequence_hooks_testkit.formats.threadweaver_controller import (
+from sequence_hooks_references.formats.backends import HTTPBackend
+from sequence_hooks_references.formats.threadweaver_controller import (
     ThreadWeaverController)
 from sequence_hooks_testkit.formats.toy_server import MAX_MODEL_LEN, toy_server
-from sequence_hooks_testkit.training import threadweaver_task as task_mod
+from sequence_hooks_training import threadweaver_task as task_mod
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = ROOT / "models" / "threadweaver-toy"

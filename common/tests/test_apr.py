@@ -29,12 +29,20 @@ from sequence_hooks.formats.apr import CALLING, call_trace, child_budget
 from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks.training_records import training_records
-from sequence_hooks_testkit.formats.apr_controller import (APRController,
-                                                           TextCompletion,
-                                                           run_apr)
-from sequence_hooks_testkit.formats.apr_scripts import (
-    CALL, CHILD_0, CHILD_1, CONCLUDES, FAILS, GENERATED, GRANDCHILD_0,
-    GRANDCHILD_1, LISTED, ROOT, SECOND_CALL, WINS)
+from sequence_hooks_references.formats.apr_controller import (APRController,
+                                                              TextCompletion,
+                                                              run_apr)
+# yapf conflicts with isort for this import
+# yapf: disable
+from sequence_hooks_testkit.formats.apr_scripts import (CALL, CHILD_0, CHILD_1,
+                                                        CONCLUDES, FAILS,
+                                                        GENERATED,
+                                                        GRANDCHILD_0,
+                                                        GRANDCHILD_1, LISTED,
+                                                        ROOT, SECOND_CALL,
+                                                        WINS)
+
+# yapf: enable
 
 SPECIAL = ("<s>", "</s>")
 MERGED = ("<End Calling Sub Searches>", "<Calling Sub Searches>",

@@ -1,9 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The engine's lifecycle against the formats' golden traces
-(common/tests/golden/), written by the test kit's controllers
-(`sequence_hooks_testkit.formats.golden`), which share no parsing, prompt
-or join code with the engine.
+(common/tests/golden/), written by the formats' reference controllers
+(`sequence_hooks_references.formats.golden`), which share no parsing,
+prompt or join code with the engine.
 
 A golden case lists every call its controller made on a scripted model
 (each prompt's ids and the ids the call sampled) and the answer. Here the
@@ -17,12 +17,13 @@ children's prompts it builds and its joins. The engines are the format
 tests' own (`test_apr.SearchEngine`, `test_threadweaver.ThreadEngine`).
 
 After a deliberate change of a controller or a case, rewrite the files
-with ``python -m sequence_hooks_testkit.formats.golden`` and review the
+with ``python -m sequence_hooks_references.formats.golden`` and review the
 difference.
 """
 
 import ast
 import dataclasses
+import importlib.util
 import json
 import re
 import sys
@@ -33,7 +34,7 @@ import pytest
 import test_apr
 import test_threadweaver
 
-from sequence_hooks_testkit.formats import golden
+from sequence_hooks_references.formats import golden
 
 GOLDEN = Path(__file__).parent / "golden"
 APR = json.loads((GOLDEN / "apr.json").read_text())
@@ -90,21 +91,48 @@ def named(cases: list[dict[str, Any]]) -> list:
     return [pytest.param(case, id=case["name"]) for case in cases]
 
 
+def imported_names(path: Path) -> list[str]:
+    """What ``path``'s code imports, anywhere in it: each module, and for
+    ``from M import N`` also ``M.N`` (a module or a name in M)."""
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            names += [module, *(f"{module}.{a.name}" for a in node.names)]
+    return names
+
+
+def module_file(name: str) -> Optional[Path]:
+    """The file of module ``name``, None if ``name`` is no module."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except ModuleNotFoundError:
+        return None
+    return Path(spec.origin) if spec and spec.origin else None
+
+
 def test_the_controllers_import_nothing_of_the_engine():
-    """The controllers and their helpers share no code with the engine's
-    formats: a slip there would agree with itself."""
-    for path in Path(golden.__file__).parent.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                names = [node.module or ""]
-            else:
-                continue
-            assert not [
-                n for n in names
-                if n == "sequence_hooks" or n.startswith("sequence_hooks.")
-            ], (path.name, names)
+    """The controllers (the references' formats package) and the test
+    kit's modules they use (ThreadWeaver's text, the scripted searches)
+    share no code with the engine's formats: a slip there would agree with
+    itself."""
+    paths = set(Path(golden.__file__).parent.glob("*.py"))
+    kit = {
+        name
+        for path in paths
+        for name in imported_names(path)
+        if name.startswith("sequence_hooks_testkit.")
+    }
+    paths |= {module_file(name) for name in kit} - {None}
+    assert any("sequence_hooks_testkit" in str(p) for p in paths), paths
+    for path in sorted(paths):
+        names = imported_names(path)
+        assert not [
+            n for n in names
+            if n == "sequence_hooks" or n.startswith("sequence_hooks.")
+        ], (path.name, names)
 
 
 @pytest.mark.parametrize("name", golden.FILES)

@@ -26,8 +26,8 @@ from sequence_hooks.fork_join import BranchResult
 from sequence_hooks.formats.threadweaver import ThreadWeaverFormat
 from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks_testkit.formats import threadweaver_controller as tw
-from sequence_hooks_testkit.formats.backends import ScriptedBackend
+from sequence_hooks_references.formats import threadweaver_controller as tw
+from sequence_hooks_references.formats.backends import ScriptedBackend
 
 TAGS = ("<Think>", "</Think>", "<Parallel>", "</Parallel>", "<Outlines>",
         "</Outlines>", "<Outline>", "</Outline>", "<Thread>", "</Thread>",

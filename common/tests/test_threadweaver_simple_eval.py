@@ -27,8 +27,9 @@ from sequence_hooks.actions import (Action, Conclude, Fork, MemberResult, Park,
                                     StartTree)
 from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
+from sequence_hooks_references.formats import backends
+from sequence_hooks_references.formats import threadweaver_simple_eval as ev
 from sequence_hooks_testkit.formats import threadweaver_scripts as scripts
-from sequence_hooks_testkit.formats import threadweaver_simple_eval as ev
 
 TAGS = ("<Think>", "</Think>", "<Parallel>", "</Parallel>", "<Outlines>",
         "</Outlines>", "<Outline>", "</Outline>", "<Thread>", "</Thread>",
@@ -217,7 +218,7 @@ def both(model: scripts.ScriptedModel,
     controller's context length is the window plus one (its calls end a
     token short of it)."""
     controller = ev.SimpleEvalController(TOKENIZER, window + 1, budget)
-    [rollout] = ev.run(controller, scripts.ScriptedServer(model),
+    [rollout] = ev.run(controller, backends.ScriptedServer(model),
                        [model.prompt])
     engine = CallEngine(model, window, budget, limits)
     engine.run(TOKENIZER.encode(model.prompt))

@@ -16,8 +16,8 @@ import eval_real_model as evaluation
 import pytest
 from train_real_model import RowMaker
 
-from sequence_hooks_testkit.training import capitals_task as task
-from sequence_hooks_testkit.training import prepare_base_model as prepare
+from sequence_hooks_training import capitals_task as task
+from sequence_hooks_training import prepare_base_model as prepare
 
 TASK = task.Task(("Peru", "Guinea-Bissau", "Chile"), True)
 CAPITALS = [task.CAPITALS[c] for c in TASK.countries]

@@ -11,10 +11,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from sequence_hooks_testkit.bench.timeline import (LANE_HEIGHT, draw_timeline,
-                                                   layout_timeline,
-                                                   run_with_timeline)
-from sequence_hooks_testkit.training import expand_task as task
+from sequence_hooks_bench.timeline import (LANE_HEIGHT, draw_timeline,
+                                           layout_timeline, run_with_timeline)
+from sequence_hooks_training import expand_task as task
 from vllm import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ Each merge is a full checkpoint (517 MB); without this, every version of
 the delta a checkout ever set up stayed in the cache.
 """
 
-from sequence_hooks_testkit.training import prepare_base_model as prepare
+from sequence_hooks_training import prepare_base_model as prepare
 
 
 def make_delta(folder, weights: bytes):

@@ -8,7 +8,7 @@ spawns one child per group (at least 2). And the parent's conclusion comes
 from the merged results: when the children are made to answer otherwise,
 the conclusion follows them, not the prompt."""
 
-from sequence_hooks_testkit.training import expand_eval as evaluation
+from sequence_hooks_training import expand_eval as evaluation
 
 TASKS = 100
 INTERVENTIONS = 40

@@ -24,8 +24,8 @@ import requests
 
 from sequence_hooks_testkit.scripted_hooks import ScriptedHooks
 from sequence_hooks_testkit.server import running_server
-from sequence_hooks_testkit.training import capitals_task as task
-from sequence_hooks_testkit.training import prepare_base_model as prepare
+from sequence_hooks_training import capitals_task as task
+from sequence_hooks_training import prepare_base_model as prepare
 from vllm import SamplingParams
 
 # One task per size 2..5: a handful of prompts in one batch.

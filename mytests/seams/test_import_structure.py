@@ -6,9 +6,10 @@ nothing imported by path.
 Parses (never imports) every module of ours: the fork's modules (`vllm/`,
 at their upstream paths), the engine-neutral package (`common/`), the V1
 plugin (`v1/vllm_sequence_hooks`), the GRPO trainer over it
-(`rl/vllm_sequence_hooks_rl`), the test kit with its subpackages
-(`testkit/`) and the scripts that import each other by name (`fork/`,
-`training/research/`, `rl/experiment/`, `benchmarks/v0/`,
+(`rl/vllm_sequence_hooks_rl`), the test kit (`testkit/`), the training
+tasks (`training/`), the references (`references/`), the benchmark
+clients (`benchmarks/clients/`) and the scripts that import each other by
+name (`fork/`, `training/research/`, `rl/experiment/`, `benchmarks/v0/`,
 `benchmarks/v1/`, `examples/`). Every import of one of them is an edge,
 wherever it stands: at module level, under `if TYPE_CHECKING:` or inside a
 function (an import deferred to dodge a cycle is still a cycle). Upstream
@@ -16,8 +17,12 @@ vLLM's modules are not nodes, so only imports between ours count.
 
 The layers, from the ground up: the product (fork modules, `common/`, the
 plugin), the trainer (its own distribution: serving never imports it),
-the test kit, then the scripts (benchmarks, training, examples). An
-import runs from a layer to one below it or within it, never up.
+the test kit, the training tasks (built on the kit's tiny tokenizer), the
+references (the formats' controllers and the client-side join, built on
+the kit's scripted models), the benchmark clients (built on the
+references and the tasks), then the scripts (benchmarks, training,
+examples). An import runs from a layer to one below it or within it,
+never up.
 """
 
 import ast
@@ -31,14 +36,19 @@ PACKAGES = {
     ROOT / "v1": "vllm_sequence_hooks",
     ROOT / "rl": "vllm_sequence_hooks_rl",
     ROOT / "testkit": "sequence_hooks_testkit",
+    ROOT / "training": "sequence_hooks_training",
+    ROOT / "references": "sequence_hooks_references",
+    ROOT / "benchmarks" / "clients": "sequence_hooks_bench",
 }
 # Folders of scripts that import each other as top-level modules.
 SCRIPT_FOLDERS = (ROOT / "fork", ROOT / "training" / "research",
                   ROOT / "rl" / "experiment", ROOT / "benchmarks" / "v0",
                   ROOT / "benchmarks" / "v1", ROOT / "examples")
 # The layers below the scripts, from the ground up.
-LAYERS = (("vllm", "sequence_hooks", "vllm_sequence_hooks"),
-          ("vllm_sequence_hooks_rl", ), ("sequence_hooks_testkit", ))
+LAYERS = (("vllm", "sequence_hooks",
+           "vllm_sequence_hooks"), ("vllm_sequence_hooks_rl", ),
+          ("sequence_hooks_testkit", ), ("sequence_hooks_training", ),
+          ("sequence_hooks_references", ), ("sequence_hooks_bench", ))
 
 
 def our_modules() -> dict[str, Path]:
@@ -150,10 +160,13 @@ def test_the_graph_covers_every_root():
         "build_fork", "eval_real_model", "rl_capitals", "http_peers", "demo"
     }
     assert scripts <= set(graph)
-    assert ("sequence_hooks_testkit.training.capitals_task"
+    assert ("sequence_hooks_training.capitals_task"
             in graph["eval_by_country"])
-    assert ("sequence_hooks_testkit.bench.http_sides"
-            in graph["profile_peers"])
+    assert ("sequence_hooks_bench.http_sides" in graph["profile_peers"])
+    assert ("sequence_hooks_references.client_join"
+            in graph["sequence_hooks_bench.http_sides"])
+    assert ("sequence_hooks_testkit.formats.threadweaver_format"
+            in graph["sequence_hooks_training.threadweaver_task"])
 
 
 def test_imports_of_every_kind_are_edges(tmp_path):
@@ -181,7 +194,8 @@ def test_no_import_cycle_among_our_modules():
 
 def layer(module: str) -> int:
     """0 for the product, 1 for the trainer, 2 for the test kit, 3 for
-    the scripts."""
+    the training tasks, 4 for the references, 5 for the benchmark
+    clients, 6 for the scripts."""
     package = module.split(".")[0]
     return next(
         (level

@@ -15,11 +15,12 @@ import asyncio
 import pytest
 
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks_testkit.bench.client_join import (run_joins,
-                                                      scripted_options)
-from sequence_hooks_testkit.bench.client_join_http import (
-    HttpSender, client_session, run_join, server_max_model_len,
-    stream_completion)
+from sequence_hooks_references.client_join import run_joins, scripted_options
+from sequence_hooks_references.client_join_http import (HttpSender,
+                                                        client_session,
+                                                        run_join,
+                                                        server_max_model_len,
+                                                        stream_completion)
 from sequence_hooks_testkit.engines import run_hooked, tiny_llm
 from sequence_hooks_testkit.programs import NONE, PROMPTS, programs
 from sequence_hooks_testkit.server import running_server, scripted_request_body

@@ -76,9 +76,8 @@ from trl import GRPOConfig  # noqa: E402
 from vllm_sequence_hooks_rl import PromiseTreeGRPOTrainer  # noqa: E402
 
 import vllm  # noqa: E402
-from sequence_hooks_testkit.training import capitals_task as task  # noqa: E402
-from sequence_hooks_testkit.training import (  # noqa: E402
-    prepare_base_model as prepare)
+from sequence_hooks_training import capitals_task as task  # noqa: E402
+from sequence_hooks_training import prepare_base_model as prepare  # noqa: E402
 
 # The experiment's scripts (rl/experiment) and the repository.
 HERE = Path(__file__).resolve().parent

@@ -43,7 +43,7 @@ import rl_experiment as experiment  # noqa: E402
 import rl_token_scores as token_scores  # noqa: E402
 from vllm_sequence_hooks import hooked_engine_args, promise_tree  # noqa: E402
 
-from sequence_hooks_testkit.training import capitals_task as task  # noqa: E402
+from sequence_hooks_training import capitals_task as task  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
 # Prompt (about 60 tokens) and the longest completion.

@@ -28,7 +28,7 @@ from math import comb
 from pathlib import Path
 from typing import Any, Optional
 
-from sequence_hooks_testkit.training import capitals_task as task
+from sequence_hooks_training import capitals_task as task
 
 ARMS = {
     "A": "every node (PromiseTreeGRPOTrainer)",
@@ -74,10 +74,9 @@ RAW_KEYS = ("commit", "code_dirty", "steps", "minutes", "settings", "log",
 # from models/ to rl/experiment/ checked them at their old paths; a
 # part records only the commit and that flag, never the paths).
 CODE_FILES = ("rl/experiment/rl_capitals.py", "rl/experiment/rl_eval.py",
-              "rl/experiment/rl_experiment.py",
-              "rl/experiment/rl_seeds.py",
+              "rl/experiment/rl_experiment.py", "rl/experiment/rl_seeds.py",
               "rl/experiment/rl_token_scores.py",
-              "testkit/sequence_hooks_testkit/training/capitals_task.py",
+              "training/sequence_hooks_training/capitals_task.py",
               "rl/vllm_sequence_hooks_rl", "v1/vllm_sequence_hooks",
               "common/sequence_hooks")
 

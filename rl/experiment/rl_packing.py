@@ -32,7 +32,7 @@ import rl_experiment as experiment
 import transformers
 from datasets import Dataset
 
-from sequence_hooks_testkit.training import capitals_task as task
+from sequence_hooks_training import capitals_task as task
 
 KINDS = ("packed", "per_node", "C")
 

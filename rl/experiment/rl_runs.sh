@@ -36,7 +36,8 @@ fi
 # rl/).
 script=rl/experiment/rl_capitals.py
 [ -e "$tree/$script" ] || script=models/rl_capitals.py
-export PYTHONPATH=$tree/common:$tree/v1:$tree/rl:$tree/rl/:$tree/testkit
+# The capitals task: in testkit/ at older commits, in training/ since.
+export PYTHONPATH=$tree/common:$tree/v1:$tree/rl:$tree/rl/:$tree/testkit:$tree/training
 runs=("$@")
 if [ ${#runs[@]} -eq 0 ]; then
   runs=(before A0 B0 C0 A1 B1 C1 A2 B2 C2)

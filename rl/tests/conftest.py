@@ -20,7 +20,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 @pytest.fixture(scope="session")
 def real_model() -> Path:
-    from sequence_hooks_testkit.training import prepare_base_model as prepare
+    from sequence_hooks_training import prepare_base_model as prepare
     path = prepare.model_dir()
     if not (path / prepare.DONE).exists():
         pytest.fail(f"{path} is not prepared: run ./dev setup first "

@@ -10,7 +10,7 @@ import json
 import pytest
 import rl_experiment as experiment
 
-from sequence_hooks_testkit.training import capitals_task as task
+from sequence_hooks_training import capitals_task as task
 
 
 def answer(countries: list[str], capitals: list[str]) -> str:

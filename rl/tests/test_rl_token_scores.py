@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sequence_hooks import PromiseNode
 from sequence_hooks.training_records import training_records
-from sequence_hooks_testkit.training import capitals_task as task
+from sequence_hooks_training import capitals_task as task
 
 COUNTRIES = ("France", "Peru")
 

@@ -19,7 +19,7 @@ from trl import GRPOConfig
 from trl.trainer.utils import split_tensor_dict
 from vllm_sequence_hooks_rl import TREE_KEY, PromiseTreeGRPOTrainer
 
-from sequence_hooks_testkit.training import capitals_task as task
+from sequence_hooks_training import capitals_task as task
 
 # Largest difference allowed between the engine's logprob of a sampled
 # token and the trainer's recomputation (both fp32; vLLM's CPU kernels

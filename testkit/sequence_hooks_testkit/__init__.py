@@ -18,8 +18,12 @@ only: `v1_engines` (its engines,
 checks and `Flavour`), `v1_scripted_logits` (programs as V1 logits
 processors) and `v1_batch_queue` (a model-free V1 engine core).
 
-Subpackages for the other audiences: `bench` (benchmarks: their shared
-runs, the client-side join they measure the hooks against, the timeline
-picture) and `training` (the two models' tasks, the toy model's
-evaluation and the real model's set-up).
+Subpackage `formats`: the formats' test-side scripts (the in-engine
+runner, the toy server and models, ThreadWeaver's text, scripted models).
+
+The other audiences have packages of their own, built on this one and
+never imported by it: the formats' reference controllers and the
+client-side join (`sequence_hooks_references`, references/), the
+benchmark clients (`sequence_hooks_bench`, benchmarks/clients/) and the
+models' tasks (`sequence_hooks_training`, training/).
 """

@@ -286,12 +286,11 @@ def _shimmed_create_scheduler(create_scheduler, model: Path, variant: str,
 def _shell_class(model: Path, variant: str, counter: _HookCounter):
     """`AsyncSequenceHookScheduler` for a test that makes its scheduler with
     `object.__new__` and sets upstream's attributes by hand: `__init__`
-    never runs on it, so its `hooks` and `parking` are made for it when
-    first read, with the configuration of a scheduler of the variant built
-    for real."""
+    never runs on it, so its `hooks` are made for it when first read,
+    with the configuration of a scheduler of the variant built for
+    real."""
     from tests.v1.core import utils
     from vllm_sequence_hooks.hooks import SequenceHooks
-    from vllm_sequence_hooks.parking import KvParking
     from vllm_sequence_hooks.scheduler import SequenceHookScheduler
     real = _shimmed_create_scheduler(utils.create_scheduler, model, variant,
                                      counter)(async_scheduling=True)
@@ -305,14 +304,8 @@ def _shell_class(model: Path, variant: str, counter: _HookCounter):
                              end_requests=super(SequenceHookScheduler,
                                                 self).finish_requests)
 
-    def parking(self) -> KvParking:
-        return KvParking(self, self.hooks.coordinator)
-
-    return type(
-        "ShellAsyncSequenceHookScheduler", (type(real), ), {
-            "hooks": functools.cached_property(hooks),
-            "parking": functools.cached_property(parking)
-        })
+    return type("ShellAsyncSequenceHookScheduler", (type(real), ),
+                {"hooks": functools.cached_property(hooks)})
 
 
 # ------------------------------------------------------------ pytest plugin

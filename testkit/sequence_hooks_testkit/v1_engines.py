@@ -168,12 +168,12 @@ def assert_engine_clean(llm):
         for k, r in scheduler.requests.items()
     }
     assert scheduler.hooks.coordinator.num_members() == 0
-    assert scheduler.parking.pending_forks == {}
-    assert scheduler.parking.evicted == set()
-    assert scheduler.hooks.member_logprobs.by_member == {}
-    assert len(scheduler.hooks.sample_trees) == 0
-    assert len(scheduler.hooks.child_preemptions) == 0
-    assert len(scheduler.hooks.stop_strings) == 0
+    # The records of the trees' requests (pending forks, evictions, kept
+    # logprobs, held preemptions, stop-string checks) and what is kept
+    # beside them.
+    assert len(scheduler.hooks.members) == 0
+    assert len(scheduler.hooks.members.sample_trees) == 0
+    assert len(scheduler.hooks.members.in_flight) == 0
     assert scheduler.num_waiting_for_streaming_input == 0
     # Every block but the pool's reserved null block is free.
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1

@@ -22,10 +22,10 @@ import re
 from pathlib import Path
 
 from sequence_hooks.formats.apr import search_result
-from sequence_hooks_testkit.formats.apr_controller import (APRController,
-                                                           run_apr)
-from sequence_hooks_testkit.formats.run_threadweaver import backend_for
-from sequence_hooks_testkit.training import apr_task
+from sequence_hooks_references.formats.apr_controller import (APRController,
+                                                              run_apr)
+from sequence_hooks_references.formats.run_threadweaver import backend_for
+from sequence_hooks_training import apr_task
 
 ROOT = Path(__file__).resolve().parents[2]
 # The lines a trace is made of (search.py and the controller's joins).

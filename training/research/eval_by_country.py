@@ -21,7 +21,7 @@ from typing import Optional
 
 import eval_real_model as evaluation
 
-from sequence_hooks_testkit.training import capitals_task as task
+from sequence_hooks_training import capitals_task as task
 
 FORMS = ("parallel", "sequential")
 

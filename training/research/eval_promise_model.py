@@ -4,7 +4,7 @@
 
 Held-out tasks solved in parallel, and whether the conclusion follows
 answers forced on the children (how:
-`sequence_hooks_testkit.training.expand_eval`). Prints a JSON report.
+`sequence_hooks_training.expand_eval`). Prints a JSON report.
 
 Usage: .venv/bin/python training/research/eval_promise_model.py MODEL_DIR
     [--tasks 200] [--interventions 100] [--seed 1000]
@@ -13,8 +13,8 @@ Usage: .venv/bin/python training/research/eval_promise_model.py MODEL_DIR
 import argparse
 import json
 
-from sequence_hooks_testkit.training.expand_eval import (follow_forced_answers,
-                                                         load, solve)
+from sequence_hooks_training.expand_eval import (follow_forced_answers, load,
+                                                 solve)
 
 
 def main() -> None:

@@ -38,8 +38,8 @@ from typing import Optional
 
 import torch
 
-from sequence_hooks_testkit.training import capitals_task as task
-from sequence_hooks_testkit.training import prepare_base_model as prepare
+from sequence_hooks_training import capitals_task as task
+from sequence_hooks_training import prepare_base_model as prepare
 
 MAX_MODEL_LEN = 512
 MAX_TOKENS = 320

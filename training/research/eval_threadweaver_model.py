@@ -18,10 +18,10 @@ import collections
 import random
 from pathlib import Path
 
-from sequence_hooks_testkit.formats.run_threadweaver import backend_for
-from sequence_hooks_testkit.formats.threadweaver_controller import (
+from sequence_hooks_references.formats.run_threadweaver import backend_for
+from sequence_hooks_references.formats.threadweaver_controller import (
     ThreadWeaverController, outline_labels, run)
-from sequence_hooks_testkit.training import threadweaver_task as task_mod
+from sequence_hooks_training import threadweaver_task as task_mod
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,7 @@ Usage: .venv/bin/python training/research/train_apr_model.py [--out DIR]
 import random
 from pathlib import Path
 
-from sequence_hooks_testkit.training import apr_task, loop
+from sequence_hooks_training import apr_task, loop
 
 ROOT = Path(__file__).resolve().parents[2]
 # Room for a parent's trace and its joins (its longest training sequence

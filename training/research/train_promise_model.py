@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from sequence_hooks_testkit import tiny_model
-from sequence_hooks_testkit.training import loop
-from sequence_hooks_testkit.training.expand_task import examples, make_task
+from sequence_hooks_training import loop
+from sequence_hooks_training.expand_task import examples, make_task
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ facts (`--all-countries` trains those capitals too).
 Trained: a LoRA adapter on every linear layer of the top blocks
 (`--lora-first-block`), and the embedding rows of the three hook tokens
 (tied to the output layer). Written to ``--out``: the adapter (bf16) and
-the new rows, which `sequence_hooks_testkit.training.prepare_base_model`
+the new rows, which `sequence_hooks_training.prepare_base_model`
 merges into the base checkpoint.
 
 Usage: .venv/bin/python training/research/train_real_model.py [--out DIR]
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from sequence_hooks_testkit.training import capitals_task as task
-from sequence_hooks_testkit.training import prepare_base_model as prepare
+from sequence_hooks_training import capitals_task as task
+from sequence_hooks_training import prepare_base_model as prepare
 
 LORA_RANK = 16
 LORA_TARGETS = [

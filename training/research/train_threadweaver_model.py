@@ -24,8 +24,8 @@ import random
 from pathlib import Path
 
 from sequence_hooks_testkit import tiny_model
-from sequence_hooks_testkit.training import loop
-from sequence_hooks_testkit.training import threadweaver_task as task_mod
+from sequence_hooks_training import loop
+from sequence_hooks_training import threadweaver_task as task_mod
 
 ROOT = Path(__file__).resolve().parents[2]
 

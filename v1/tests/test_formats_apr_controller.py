@@ -4,11 +4,11 @@
 step on scripted completions: the children it reads from the trace, their
 fresh prompts, the text join into the cut-back parent, the answer."""
 
-from sequence_hooks_testkit.formats.apr_controller import (APRController,
-                                                           TextCompletion,
-                                                           run_apr)
-from sequence_hooks_testkit.formats.apr_trace import (child_budget,
-                                                      search_result)
+from sequence_hooks_references.formats.apr_controller import (APRController,
+                                                              TextCompletion,
+                                                              run_apr)
+from sequence_hooks_references.formats.apr_trace import (child_budget,
+                                                         search_result)
 
 BOS = "<s>"
 ROOT = "Moving to Node #0\nCurrent State: 39:[25, 36, 51, 49], Operations: []\n"

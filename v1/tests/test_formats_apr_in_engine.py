@@ -25,6 +25,10 @@ from transformers import AutoTokenizer
 
 from sequence_hooks_testkit.formats.toy_server import choices, toy_server
 
+# The two runners' packages: the controllers' (a client of stock vLLM)
+# and the in-engine formats'.
+REFERENCES = "sequence_hooks_references.formats."
+TESTKIT = "sequence_hooks_testkit.formats."
 MODEL = Path(__file__).resolve().parents[2] / "models" / "apr-toy"
 TOKENIZER = AutoTokenizer.from_pretrained(MODEL)
 BOS = TOKENIZER.bos_token
@@ -41,7 +45,7 @@ CHAT_TEMPLATE = "{{ bos_token }}{{ messages[0]['content'] }}"
 def run(module: str, args: list, cases: list, folder: Path) -> list:
     (folder / "cases.json").write_text(json.dumps(cases))
     subprocess.run([
-        sys.executable, "-m", f"sequence_hooks_testkit.formats.{module}",
+        sys.executable, "-m", module,
         str(MODEL), *args, folder / "cases.json", folder / "out.json",
         "--max-model-len",
         str(MAX_MODEL_LEN)
@@ -55,13 +59,13 @@ def run(module: str, args: list, cases: list, folder: Path) -> list:
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory) -> tuple[list, list]:
     """The controller's searches and the engine's answers."""
-    controller = run("run_apr", [], [{
+    controller = run(REFERENCES + "run_apr", [], [{
         "name": "greedy",
         "prompts": PREFIXES,
         "max_tokens": MAX_TOKENS,
         "sampling": GREEDY
     }], tmp_path_factory.mktemp("controller"))["searches"]
-    engine = run("run_in_engine", ["apr"],
+    engine = run(TESTKIT + "run_in_engine", ["apr"],
                  [{
                      "name": "greedy",
                      "prompts": [BOS + prefix for prefix in PREFIXES],

@@ -17,10 +17,10 @@ import random
 
 import pytest
 
-from sequence_hooks_testkit.formats.apr_controller import (APRController,
-                                                           TextCompletion,
-                                                           run_apr)
-from sequence_hooks_testkit.training import apr_task
+from sequence_hooks_references.formats.apr_controller import (APRController,
+                                                              TextCompletion,
+                                                              run_apr)
+from sequence_hooks_training import apr_task
 
 # As many as the model card's claim; a few CPU seconds in all.
 SEARCHES = 300

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from sequence_hooks_testkit.formats.backends import HTTPBackend
-from sequence_hooks_testkit.formats.threadweaver_controller import (
+from sequence_hooks_references.formats.backends import HTTPBackend
+from sequence_hooks_references.formats.threadweaver_controller import (
     MAX_ITERATIONS, Completion, ThreadWeaverController, outline_labels, run)
 from sequence_hooks_testkit.formats.toy_server import toy_server
-from sequence_hooks_testkit.training import threadweaver_task as task_mod
+from sequence_hooks_training import threadweaver_task as task_mod
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
 TOKENIZER = task_mod.build_tokenizer()
@@ -339,7 +339,7 @@ def runs(tmp_path_factory) -> dict:
     (folder / "cases.json").write_text(json.dumps(CASES))
     subprocess.run([
         sys.executable, "-m",
-        "sequence_hooks_testkit.formats.run_threadweaver",
+        "sequence_hooks_references.formats.run_threadweaver",
         str(MODEL), folder / "cases.json", folder / "out.json"
     ],
                    check=True,

@@ -25,8 +25,12 @@ from pathlib import Path
 import pytest
 
 from sequence_hooks_testkit.formats.toy_server import choices, toy_server
-from sequence_hooks_testkit.training import threadweaver_task as task_mod
+from sequence_hooks_training import threadweaver_task as task_mod
 
+# The two runners' packages: the controllers' (a client of stock vLLM)
+# and the in-engine formats'.
+REFERENCES = "sequence_hooks_references.formats."
+TESTKIT = "sequence_hooks_testkit.formats."
 MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
 TOKENIZER = task_mod.build_tokenizer()
 PROMPTS = [
@@ -67,7 +71,7 @@ LOGPROB_TOLERANCE = 1e-3
 def run(module: str, args: list, cases: list, folder: Path) -> dict:
     (folder / "cases.json").write_text(json.dumps(cases))
     subprocess.run([
-        sys.executable, "-m", f"sequence_hooks_testkit.formats.{module}",
+        sys.executable, "-m", module,
         str(MODEL), *args, folder / "cases.json", folder / "out.json"
     ],
                    check=True,
@@ -82,23 +86,25 @@ def run(module: str, args: list, cases: list, folder: Path) -> dict:
 def answers(tmp_path_factory) -> tuple[dict, dict]:
     """Each case on both sides: the controller's rollouts, the engine's
     answers."""
-    controller = run("run_threadweaver", [], [{
-        "name": name,
-        "prompts": PROMPTS,
-        "settings": settings,
-        "sampling": {
-            k: v
-            for k, v in sampling.items() if k != "n"
-        },
-        "n": sampling.get("n", 1)
-    } for name, (settings, sampling, _) in CASES.items()],
+    controller = run(REFERENCES + "run_threadweaver", [],
+                     [{
+                         "name": name,
+                         "prompts": PROMPTS,
+                         "settings": settings,
+                         "sampling": {
+                             k: v
+                             for k, v in sampling.items() if k != "n"
+                         },
+                         "n": sampling.get("n", 1)
+                     } for name, (settings, sampling, _) in CASES.items()],
                      tmp_path_factory.mktemp("controller"))
-    engine = run("run_in_engine", ["threadweaver"], [{
-        "name": name,
-        "prompts": PROMPTS,
-        "max_tokens": budget,
-        "sampling": sampling
-    } for name, (_, sampling, budget) in CASES.items()],
+    engine = run(TESTKIT + "run_in_engine", ["threadweaver"],
+                 [{
+                     "name": name,
+                     "prompts": PROMPTS,
+                     "max_tokens": budget,
+                     "sampling": sampling
+                 } for name, (_, sampling, budget) in CASES.items()],
                  tmp_path_factory.mktemp("engine"))
     return controller, engine
 

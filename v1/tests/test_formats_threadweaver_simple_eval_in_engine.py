@@ -20,8 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from sequence_hooks_testkit.training import threadweaver_task as task_mod
+from sequence_hooks_training import threadweaver_task as task_mod
 
+# The two runners' packages: the controllers' (a client of stock vLLM)
+# and the in-engine formats'.
+REFERENCES = "sequence_hooks_references.formats."
+TESTKIT = "sequence_hooks_testkit.formats."
 MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
 TOKENIZER = task_mod.build_tokenizer()
 PROMPTS = [
@@ -35,7 +39,7 @@ CASES = {"no budget": None, "budget 40": 40}
 def run(module: str, args: list, cases: list, folder: Path) -> dict:
     (folder / "cases.json").write_text(json.dumps(cases))
     subprocess.run([
-        sys.executable, "-m", f"sequence_hooks_testkit.formats.{module}",
+        sys.executable, "-m", module,
         str(MODEL), *args, folder / "cases.json", folder / "out.json"
     ],
                    check=True,
@@ -49,14 +53,14 @@ def run(module: str, args: list, cases: list, folder: Path) -> dict:
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory) -> tuple[dict, dict]:
     """Each case on both sides: the controller's answers, the engine's."""
-    controller = run("run_threadweaver_simple_eval", [],
+    controller = run(REFERENCES + "run_threadweaver_simple_eval", [],
                      [{
                          "name": name,
                          "prompts": PROMPTS,
                          "max_new_tokens": budget
                      } for name, budget in CASES.items()],
                      tmp_path_factory.mktemp("eval"))
-    engine = run("run_in_engine", [
+    engine = run(TESTKIT + "run_in_engine", [
         "threadweaver", "--format-options",
         json.dumps({"controller": "simple_eval"})
     ], [{

@@ -124,10 +124,9 @@ def test_a_search_restarts_its_calls_cleanly(async_scheduling):
 def assert_clean(scheduler) -> None:
     assert scheduler.requests == {}
     assert scheduler.hooks.coordinator.num_members() == 0
-    assert not scheduler.hooks.restarts.pending
-    assert not scheduler.hooks.restarts.templates
-    assert not scheduler.hooks.member_logprobs.by_member
-    assert len(scheduler.hooks.sample_trees) == 0
+    # No record: no call made anew waiting, no template, no logprobs.
+    assert len(scheduler.hooks.members) == 0
+    assert len(scheduler.hooks.members.sample_trees) == 0
     assert scheduler.num_waiting_for_streaming_input == 0
     pool = scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
@@ -188,6 +187,13 @@ def own_tokens(scheduler, request_id: str, prompt_end: str) -> int:
     return request.num_output_tokens
 
 
+def waits_for_its_old_call(scheduler, member_id: str) -> bool:
+    """Whether a member's call made anew waits for its old call's steps
+    in flight."""
+    record = scheduler.hooks.members.get(member_id)
+    return record is not None and record.new_call is not None
+
+
 # Where a search is aborted from outside (its client gone), by what the
 # scheduler holds after a step. The old call's step in flight while its
 # call made anew waits is an async scheduling state only.
@@ -195,7 +201,7 @@ STAGES = {
     "first call":
     lambda s: own_tokens(s, "r0", "Operations: []") >= 3,
     "call made anew, old step in flight":
-    lambda s: "r0" in s.hooks.restarts.pending,
+    lambda s: waits_for_its_old_call(s, "r0"),
     "call made anew":
     lambda s: own_tokens(s, "r0", "<Calling Sub Searches>") >= 1,
     "sub-searches running":

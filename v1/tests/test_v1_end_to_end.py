@@ -271,7 +271,7 @@ def test_aborting_a_sampled_request_forgets_its_samples(hooked_llm, hook_ids):
                        params)
     for _ in range(5):
         engine.step()
-    assert len(scheduler.hooks.sample_trees) == 1
+    assert len(scheduler.hooks.members.sample_trees) == 1
     engine.abort_request(["abort-samples"])
     engine.step()
     assert_engine_clean(hooked_llm)

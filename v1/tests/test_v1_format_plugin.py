@@ -36,7 +36,7 @@ from sequence_hooks_testkit.formats.threadweaver_toy import MODEL
 from sequence_hooks_testkit.formats.toy_server import (choices,
                                                        held_out_prompts,
                                                        toy_server)
-from sequence_hooks_testkit.training import threadweaver_task as task_mod
+from sequence_hooks_training import threadweaver_task as task_mod
 
 NAME = "outline_join"
 LABEL = re.compile(r"<Outline>\s*([0-9]+)\s*:")

@@ -83,19 +83,13 @@ TOP = [(100, -0.5, 1), (101, -1.0, 2), (102, -1.5, 3)]
 ])
 def test_a_member_keeps_what_it_asked_for_not_the_batch_s(asked, expected):
     """As the frontend cuts an output's rows to the request's count."""
-    kept = MemberLogprobs()
-    kept.keep(request(**asked))
-    kept.sampled("member", rows([5, 6], [1, 9]))
-    assert kept.current("member") == expected
-    kept.pop("member")
-    assert kept.by_member == {} and kept.asked == {}
+    kept = MemberLogprobs.of(request(**asked))
+    kept.sampled(rows([5, 6], [1, 9]))
+    assert kept.entries == expected
 
 
 def test_a_member_that_asked_none_keeps_none():
-    kept = MemberLogprobs()
-    kept.keep(request())
-    kept.sampled("member", rows([5], [1]))
-    assert kept.current("member") is None and kept.by_member == {}
+    assert MemberLogprobs.of(request()) is None
 
 
 @pytest.mark.parametrize("num_logprobs", [0, 2, 5])
@@ -159,4 +153,4 @@ def test_a_child_that_ends_in_its_root_s_last_step_leaves_nothing_kept(
     [child] = driver.trees["r0"]["children"]
     assert child["finish_reason"] == "abort"
     assert scheduler.requests == {}
-    assert scheduler.hooks.member_logprobs.by_member == {}
+    assert len(scheduler.hooks.members) == 0

@@ -114,12 +114,12 @@ def test_parked_parents_are_evicted_and_recompute_at_resume(
     # (request id, tokens of its next chunk, length of `log`) of each
     # resume of an evicted parent.
     resumes = []
-    resume = scheduler.hooks.resume
+    resume = scheduler.hooks.carrier.resume
 
     def recorded_resume(action, *args, **kwargs):
         member_id = action.member_id
         request = scheduler.requests[member_id]
-        evicted = member_id in scheduler.parking.evicted
+        evicted = scheduler.hooks.members.get(member_id).evicted
         num_computed = request.num_computed_tokens
         resume(action, *args, **kwargs)
         if evicted:
@@ -127,7 +127,7 @@ def test_parked_parents_are_evicted_and_recompute_at_resume(
             resumes.append((request.request_id,
                             request.num_tokens - num_computed, len(log)))
 
-    monkeypatch.setattr(scheduler.hooks, "resume", recorded_resume)
+    monkeypatch.setattr(scheduler.hooks.carrier, "resume", recorded_resume)
     with computed_tokens(scheduler) as log:
         assert run_trees(tighter_llm, hook_ids, monkeypatch) == roomy_results
     assert resumes, "no parked parent was evicted"
@@ -229,7 +229,7 @@ def run_seeded_parents(llm, hook_ids, names,
     engine = llm.llm_engine
     scheduler = scheduler_of(llm)
     evicted = set()
-    evict = scheduler.parking.evict
+    evict = scheduler.hooks.parking.evict
 
     def recorded_evict(request):
         evicted.add(request.request_id.rsplit("-", 1)[0])
@@ -242,7 +242,7 @@ def run_seeded_parents(llm, hook_ids, names,
                            params)
     results = {}
     with monkeypatch.context() as patch:
-        patch.setattr(scheduler.parking, "evict", recorded_evict)
+        patch.setattr(scheduler.hooks.parking, "evict", recorded_evict)
         while engine.has_unfinished_requests():
             results.update({
                 out.request_id:

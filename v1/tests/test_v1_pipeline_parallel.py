@@ -91,7 +91,7 @@ def run(tiny_model_path, hook_ids, stages: int, async_scheduling: bool,
     assert scheduler.requests == {}
     assert scheduler.hooks.coordinator.num_members() == 0
     assert scheduler.num_waiting_for_streaming_input == 0
-    assert len(scheduler.hooks.sample_trees) == 0
+    assert len(scheduler.hooks.members.sample_trees) == 0
     pool = scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
     return tokens, driver

@@ -51,13 +51,11 @@ def real_model() -> Path:
     if not V0_PYTHON.exists():
         pytest.fail("the real model is prepared with the V0 venv: run "
                     "./dev setup first (./dev test-v1 does)")
-    out = subprocess.run([
-        str(V0_PYTHON), "-m",
-        "sequence_hooks_testkit.training.prepare_base_model"
-    ],
-                         check=True,
-                         capture_output=True,
-                         text=True).stdout
+    out = subprocess.run(
+        [str(V0_PYTHON), "-m", "sequence_hooks_training.prepare_base_model"],
+        check=True,
+        capture_output=True,
+        text=True).stdout
     return Path(out.split()[-1])
 
 

@@ -89,8 +89,8 @@ def request(scheduler, request_id: str, seeded: bool):
 def assert_clean(scheduler) -> None:
     assert scheduler.requests == {}
     assert scheduler.hooks.coordinator.num_members() == 0
-    assert not scheduler.hooks.restarts.pending
-    assert not scheduler.hooks.restarts.templates
+    # No record: no call made anew waiting, no template.
+    assert len(scheduler.hooks.members) == 0
     assert scheduler.hooks.coordinator.num_parked() == 0
     pool = scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1

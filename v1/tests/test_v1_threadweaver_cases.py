@@ -22,8 +22,8 @@ from typing import Optional
 import pytest
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
-from sequence_hooks_testkit.formats import threadweaver_controller as tw
-from sequence_hooks_testkit.formats.backends import ScriptedBackend
+from sequence_hooks_references.formats import threadweaver_controller as tw
+from sequence_hooks_references.formats.backends import ScriptedBackend
 from sequence_hooks_testkit.formats.threadweaver_toy import (CLOSE_THREAD, EOS,
                                                              MODEL,
                                                              OPEN_THREAD,

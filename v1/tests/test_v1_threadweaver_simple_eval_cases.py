@@ -17,8 +17,9 @@ from typing import Optional
 import pytest
 from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
+from sequence_hooks_references.formats import backends
+from sequence_hooks_references.formats import threadweaver_simple_eval as ev
 from sequence_hooks_testkit.formats import threadweaver_scripts as scripts
-from sequence_hooks_testkit.formats import threadweaver_simple_eval as ev
 from sequence_hooks_testkit.formats.threadweaver_toy import (EOS, MODEL,
                                                              PROMPT, TOKENIZER)
 from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
@@ -105,7 +106,7 @@ def test_the_plugin_answers_as_the_evaluation_controller(name, budget):
     model = scripts.ScriptedModel(TOKENIZER, PROMPT_TEXT, root, threads)
     # The controller's calls end a token short of its context length.
     controller = ev.SimpleEvalController(TOKENIZER, WINDOW + 1, budget)
-    [expected] = ev.run(controller, scripts.ScriptedServer(model),
+    [expected] = ev.run(controller, backends.ScriptedServer(model),
                         [PROMPT_TEXT])
     driver = in_engine(model, budget)
     assert {request_id for request_id, _, _ in driver.outputs} == {"r0"}
@@ -135,7 +136,7 @@ def test_the_cases_write_what_they_are_named_for():
         root, threads = CASES[name]
         model = scripts.ScriptedModel(TOKENIZER, PROMPT_TEXT, root, threads)
         return ev.run(ev.SimpleEvalController(TOKENIZER, WINDOW + 1, budget),
-                      scripts.ScriptedServer(model), [PROMPT_TEXT])[0]
+                      backends.ScriptedServer(model), [PROMPT_TEXT])[0]
 
     assert [len(f) for f in rollout("several outlines").forks] == [2]
     assert [t.label

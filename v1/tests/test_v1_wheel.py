@@ -140,18 +140,17 @@ def user_venv(wheel) -> Path:
 
 
 def test_the_wheel_alone_brings_everything_the_plugin_imports(user_venv):
-    """Everything serving imports, no test kit, no editable install, and
+    """Everything serving imports, no test kit (nor the references, the
+    training tasks, the benchmark clients), no editable install, and
     nothing of the GRPO trainer: neither its package nor TRL, in the
     requirements or as an extra."""
     code = ("import importlib.metadata as m, importlib.util, json, "
             "sequence_hooks, vllm_sequence_hooks\n"
-            "try:\n"
-            "    import sequence_hooks_testkit\n"
-            "    testkit = True\n"
-            "except ImportError:\n"
-            "    testkit = False\n"
+            "kit = [n for n in ('sequence_hooks_testkit', "
+            "'sequence_hooks_references', 'sequence_hooks_training', "
+            "'sequence_hooks_bench') if importlib.util.find_spec(n)]\n"
             "print(json.dumps({'files': [sequence_hooks.__file__, "
-            "vllm_sequence_hooks.__file__], 'testkit': testkit, "
+            "vllm_sequence_hooks.__file__], 'kit': kit, "
             "'trl': importlib.util.find_spec('trl') is not None, "
             "'trainer': importlib.util.find_spec('vllm_sequence_hooks_rl') "
             "is not None, "
@@ -168,7 +167,7 @@ def test_the_wheel_alone_brings_everything_the_plugin_imports(user_venv):
     found = json.loads(out.strip().splitlines()[-1])
     site = str(user_venv / "lib")
     assert all(path.startswith(site) for path in found["files"]), found
-    assert not found["testkit"]
+    assert not found["kit"], found["kit"]
     assert not found["trl"] and not found["trainer"]
     assert not any(
         r.startswith("trl") or 'extra == "rl"' in r

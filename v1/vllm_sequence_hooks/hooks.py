@@ -2,69 +2,46 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The V1 engine's side of the promise/sync lifecycle (or a format's).
 
-`SequenceHooks` turns a step's `EngineCoreOutput`s into the lifecycle's
-events and carries out the actions its coordinator
-(`sequence_hooks.lifecycle.Coordinator`, its format's policy composed)
-returns, on V1 requests: a fork is a new
-request on its parent's KV blocks, a park and a resume are a streaming
-session's (`parking.KvParking`), merged tokens and a root's tree travel in
-its output (`transport`). The scheduler holds it and calls it after
-upstream's `update_from_output`; each step's outputs are a local of
-`update`, passed to each action.
+`SequenceHooks` is the one object the scheduler holds, asked only through
+its named calls (each an upstream moment: a step scheduled, its outputs,
+an abort, an arrival, a prefix-cache lookup) and for its queues' order
+(`order`). It turns a step's outputs
+into the lifecycle's events, has the actions returned carried out on V1
+requests (`carry_out`), and holds what the engine keeps for its trees'
+requests (`members`).
+
+A step's outputs go down into the lifecycle once, each at most one event
+whose actions are carried out at once; the members' ends the engine finds
+meanwhile (upstream finished a request, a stop string, a `Conclude`) are
+reported right after, in order, from one place (`_report_ends`). The
+outputs that leave the engine core then get their stop-string checks and
+trees; last, the records of the requests that ended go.
 """
 
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from vllm_sequence_hooks.member_logprobs import MemberLogprobs
-from vllm_sequence_hooks.restarts import (CallRestarts, child_params,
-                                          member_request)
-from vllm_sequence_hooks.stop_strings import (StopStringChecks,
-                                              check_root_stop_strings,
-                                              frontend_text)
-from vllm_sequence_hooks.transport import (ChildPreemptions, SampleTrees,
-                                           append_merged_tokens, attach_tree)
+from vllm_sequence_hooks.carry_out import ActionCarrier
+from vllm_sequence_hooks.members import Members
+from vllm_sequence_hooks.parking import KvParking
+from vllm_sequence_hooks.step import End, Step
+from vllm_sequence_hooks.stop_strings import StopStringCheck, cut_at_stop
 
-from sequence_hooks.actions import (Abort, Action, Conclude, Fork,
-                                    MemberResult, Park, ReportTree,
-                                    RequestParams, Restart, Resume, StartTree)
+from sequence_hooks.actions import RequestParams
 from sequence_hooks.formats import RESTART, format_named
 from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.metrics import SequenceHookMetrics
-from sequence_hooks.ordering import CriticalPathOrder
+from sequence_hooks.ordering import CriticalPathOrder, eviction_order
 from sequence_hooks.special_kwargs import SpecialKwargs
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
-from vllm.v1.request import Request, RequestStatus, StreamingUpdate
-
-
-@dataclass
-class _Step:
-    """What the hooks change of one step's outputs."""
-
-    # The step's outputs by request id.
-    outputs: dict[str, EngineCoreOutput]
-    # Outputs the hooks add (merged tokens of parents that sampled
-    # nothing), by client index.
-    extra: dict[int, list[EngineCoreOutput]] = field(default_factory=dict)
-
-
-# The method that carries out each action.
-_CARRIERS = {
-    StartTree: "_start_tree",
-    Fork: "_fork",
-    Park: "_park",
-    Resume: "resume",
-    Conclude: "_conclude",
-    Restart: "_restart",
-    Abort: "_abort",
-    ReportTree: "_report_tree",
-}
+from vllm.v1.request import Request, RequestStatus
 
 
 class SequenceHooks:
-    """Runs promise/sync trees on one V1 scheduler.
+    """Runs promise/sync trees on one V1 scheduler, and keeps what the
+    engine holds for them.
 
     Args:
         scheduler: The `SequenceHookScheduler` that holds it.
@@ -99,20 +76,76 @@ class SequenceHooks:
             special_kwargs,
             policy,
             engine_orders_by_priority=True)
-        self.sample_trees = SampleTrees()
-        self.child_preemptions = ChildPreemptions()
-        self.stop_strings = StopStringChecks(tokenizer)
-        self.restarts = CallRestarts(
-            scheduler, end_requests, RESTART
-            in format_named(special_kwargs.format).needs)
-        self.member_logprobs = MemberLogprobs()
+        # Whether the format makes calls anew (none of that bookkeeping
+        # runs for promise/sync).
+        self.restarts = RESTART in format_named(special_kwargs.format).needs
+        self.members = Members()
+        self.parking = KvParking(scheduler)
+        self.carrier = ActionCarrier(scheduler, self.members, self.parking,
+                                     self.coordinator, tokenizer, end_requests,
+                                     special_kwargs.critical_path_first,
+                                     self.restarts)
 
-    # Events.
+    # The scheduler's calls.
+
+    def waiting_queues(self) -> tuple[RequestQueue, RequestQueue]:
+        """The queues upstream admits from, in its order (the ordering
+        policy sorts them).
+
+        Returns:
+            The KV-holding waiting queue, then the waiting queue.
+        """
+        return self.parking.waiting_queues()
+
+    def before_schedule(self) -> None:
+        """Before upstream schedules a step: while nothing runs, parked
+        parents that alone hold the blocks the next request needs free
+        them, in the order both engines share (`eviction_order`: the
+        newest first, the request's own ancestors, its prefix hit, last)."""
+        parked = self.parking.sessions(self.coordinator.parked_members())
+        request = self.parking.next_admission() if parked else None
+        if request is None:
+            return
+        evicted = self.members.evicted()
+        record = self.members.get(request.request_id)
+        victims = eviction_order(
+            parked, evicted, self.coordinator.ancestors(request.request_id))
+        for member_id in self.parking.evict_until_fits(
+                request, None if record is None else record.fork, victims,
+                evicted):
+            self.members.record(member_id).evicted = True
+
+    def num_parked(self) -> int:
+        """Parked parents: upstream counts them as streaming sessions
+        against `max_num_seqs`, which the scheduler undoes for its step.
+
+        A parked parent holds no row of the model runner's batch (it drops
+        unscheduled requests from it), and counting it could leave its own
+        children waiting forever once parents fill the limit.
+
+        Returns:
+            The parked parents held as sessions.
+        """
+        return len(self.parking.sessions(self.coordinator.parked_members()))
+
+    def scheduled(self, scheduler_output: SchedulerOutput) -> None:
+        """A step was scheduled: its requests' steps are in flight (counted
+        while the format makes calls anew); the metrics exported."""
+        if self.restarts:
+            self.members.in_flight.scheduled(scheduler_output)
+        self.export_metrics()
 
     def members_scheduled(
             self, scheduler_output: SchedulerOutput) -> dict[str, Request]:
         """Tree members scheduled this step, read before upstream's update
-        (finished members leave `requests` there)."""
+        (finished members leave `requests` there).
+
+        Args:
+            scheduler_output: The step's scheduler output.
+
+        Returns:
+            Their requests by id.
+        """
         coordinator, requests = self.coordinator, self.scheduler.requests
         if not coordinator.num_members():
             return {}
@@ -122,22 +155,113 @@ class SequenceHooks:
             if coordinator.is_member(request_id) and request_id in requests
         }
 
-    def update(self, members: dict[str, Request],
-               engine_outputs: dict[int, EngineCoreOutputs]) -> None:
+    def update(
+        self,
+        scheduler_output: SchedulerOutput,
+        members: dict[str, Request],
+        engine_outputs: dict[int, EngineCoreOutputs],
+    ) -> None:
         """Runs the hooks of a step's outputs, in place: the events of the
-        sampled tokens, then their actions; children's outputs removed.
+        sampled tokens, their actions and the ends found; children's and
+        held roots' outputs removed. Then calls made anew whose old call
+        has no step in flight any more start.
 
         Args:
+            scheduler_output: The step's scheduler output.
             members: `members_scheduled` of this step.
             engine_outputs: Upstream's outputs of this step.
         """
-        if not (members or len(self.sample_trees)
+        if (members or len(self.members.sample_trees)
                 or self._sampled_a_fork(engine_outputs)):
-            # No tree, no sample of an `n > 1` request, no promise (or
-            # format trigger): the stock outputs as they are (the hot path
-            # without hooks).
+            self._run_step(members, engine_outputs)
+            self.export_metrics()
+        # (Else no tree, no sample of an `n > 1` request, no promise or
+        # format trigger: the stock outputs as they are, the hot path
+        # without hooks.)
+        if self.restarts:
+            for request in self.members.landed(scheduler_output):
+                self.scheduler.add_request(request)
+
+    def finishing(self, request_ids: list[str]) -> None:
+        """Requests upstream's `finish_requests` ends (an abort from
+        outside, whoever asked): an aborted root takes its tree along.
+
+        Args:
+            request_ids: The requests' ids.
+        """
+        step = Step(ended=set(request_ids))
+        for request_id in request_ids:
+            if (self.coordinator.is_member(request_id)
+                    and not self.coordinator.is_child(request_id)):
+                self.carrier.carry_out(self.coordinator.aborted(request_id),
+                                       step)
+        self._settle(step)
+
+    def added(self, request_id: str) -> None:
+        """A new request: notes the samples of `n > 1` requests; an event
+        for the coordinator (a format whose trees start at arrival). A
+        member's new call (a fresh child, a call made anew) is none.
+
+        Args:
+            request_id: Its id.
+        """
+        if self.coordinator.is_member(request_id):
             return
-        step = _Step({
+        self.members.sample_trees.added(request_id)
+        if not self.coordinator.trees_start_at_arrival:
+            return
+        request = self.scheduler.requests[request_id]
+        step = Step()
+        self.carrier.carry_out(
+            self.coordinator.arrived(
+                request_id, request.prompt_token_ids,
+                RequestParams.of(request.num_prompt_tokens, request.max_tokens,
+                                 request.sampling_params)), step)
+        self._settle(step)
+
+    def prefix_hit(self, request: Request, *args) -> Optional[tuple]:
+        """A new child's prefix-cache hit: its parent's computed context
+        (`KvParking.prefix_hit`), asked once.
+
+        Args:
+            request: The request upstream looks up.
+            *args: What else upstream passes (`KvParking.prefix_hit`).
+
+        Returns:
+            Upstream's tuple; None if ``request`` is no new child
+            (upstream's lookup answers).
+        """
+        record = self.members.get(request.request_id)
+        if record is None or record.fork is None:
+            return None
+        fork, record.fork = record.fork, None
+        return self.parking.prefix_hit(request, fork, self.members.evicted(),
+                                       *args)
+
+    def between_calls(self) -> list[Request]:
+        """The roots of formats' trees with no request in the scheduler
+        (their sub-searches running, or a call made anew waiting for the
+        old one's steps in flight).
+
+        Returns:
+            Their requests as they arrived.
+        """
+        return [
+            record.template for root_id, record in self.members.items()
+            if record.template is not None
+            and root_id not in self.scheduler.requests
+        ]
+
+    def export_metrics(self) -> None:
+        """Exports the lifecycle's counts and the KV cache's usage."""
+        self.metrics.export(self.coordinator.counts)
+        self.metrics.kv_cache_usage.set(self.scheduler.kv_cache_manager.usage)
+
+    # One step.
+
+    def _run_step(self, members: dict[str, Request],
+                  engine_outputs: dict[int, EngineCoreOutputs]) -> None:
+        step = Step({
             out.request_id: out
             for outputs in engine_outputs.values()
             for out in outputs.outputs
@@ -155,54 +279,22 @@ class SequenceHooks:
                            or requests.get(out.request_id))
                 if request is not None:
                     self._on_output(request, out, step)
-            # Children never report to the frontend; their preemptions
-            # count as their root's.
-            for out in outputs.outputs:
-                if out.request_id in children:
-                    self.child_preemptions.hold(children[out.request_id], out)
-            # Nor do held roots before their end.
-            outputs.outputs = self.restarts.shown(outputs.outputs, children)
+                    self._report_ends(step)
+            # Children never report to the frontend, nor do held roots
+            # before their end.
+            outputs.outputs = self.members.shown(outputs.outputs, children)
         for client_index, outputs in step.extra.items():
             engine_outputs.setdefault(
                 client_index, EngineCoreOutputs()).outputs.extend(outputs)
         for outputs in engine_outputs.values():
             for out in outputs.outputs:
-                self.child_preemptions.attach(out)
+                self.members.give_preemptions(out)
                 if out.finish_reason is None:
-                    check_root_stop_strings(self, out, step)
+                    self._check_stop_string(out, step)
                 if out.finish_reason is not None:
-                    self.stop_strings.forget(out.request_id)
-                    self.sample_trees.finished(out)
-
-    def finishing(self, request_ids: list[str]) -> None:
-        """Requests upstream's `finish_requests` ends (an abort from
-        outside, whoever asked): an aborted root takes its tree along."""
-        for request_id in request_ids:
-            self.sample_trees.forget(request_id)
-            self.stop_strings.forget(request_id)
-            self.child_preemptions.forget(request_id)
-            self.restarts.forget(request_id)
-            self.member_logprobs.pop(request_id)
-            if (self.coordinator.is_member(request_id)
-                    and not self.coordinator.is_child(request_id)):
-                self._carry_out(self.coordinator.aborted(request_id), None)
-                self.scheduler.parking.forget(request_id)
-
-    def added(self, request_id: str) -> None:
-        """A new request: notes the samples of `n > 1` requests; an event
-        for the coordinator (a format whose trees start at arrival). A
-        member's new call (a fresh child, a call made anew) is none."""
-        if self.coordinator.is_member(request_id):
-            return
-        self.sample_trees.added(request_id)
-        if not self.coordinator.trees_start_at_arrival:
-            return
-        request = self.scheduler.requests[request_id]
-        self._carry_out(
-            self.coordinator.arrived(
-                request_id, request.prompt_token_ids,
-                RequestParams.of(request.num_prompt_tokens, request.max_tokens,
-                                 request.sampling_params)), None)
+                    self.members.sample_trees.finished(out)
+                    step.ended.add(out.request_id)
+        self._settle(step)
 
     def _sampled_a_fork(self, engine_outputs: dict[int,
                                                    EngineCoreOutputs]) -> bool:
@@ -212,231 +304,106 @@ class SequenceHooks:
                    for out in outputs.outputs)
 
     def _on_output(self, request: Request, out: EngineCoreOutput,
-                   step: _Step) -> None:
+                   step: Step) -> None:
+        """A member's output: its end, or its sampled token's event."""
         if out.finish_reason is None and request.is_finished():
             # Aborted earlier in this step, with its finished ancestor.
             return
         request_id = request.request_id
         if self.coordinator.is_finished(request_id):
             return
-        self.member_logprobs.sampled(request_id, out.new_logprobs)
+        record = self.members.get(request_id)
+        if record is not None and record.logprobs is not None:
+            record.logprobs.sampled(out.new_logprobs)
         if out.finish_reason is not None:
             if self.coordinator.is_member(request_id):
-                self.finish_member(request, str(out.finish_reason), step)
+                step.ends.append(End(request, str(out.finish_reason)))
             else:
                 # A child whose tree ended earlier in this step.
-                self.member_logprobs.pop(request_id)
-                self.stop_strings.forget(request_id)
+                step.ended.add(request_id)
             return
         if not out.new_token_ids:
             return
-        if self.coordinator.is_child(request_id) and (
-                self.stop_strings.is_watched(request_id)):
-            check = self.stop_strings.feed_new(request)
+        if (record is not None and record.stop is not None
+                and self.coordinator.is_child(request_id)):
+            check = record.stop.feed_new(request)
             if check is not None:
                 # As V0's stop checker: the child ends, its text cut.
                 self.end_requests(request_id, RequestStatus.FINISHED_STOPPED)
-                self.finish_member(request, "stop", step, check.output_text)
+                step.ends.append(End(request, "stop", check.output_text))
                 return
         params = request.sampling_params
         actions = self.coordinator.sampled(
             request_id, request.all_token_ids, lambda: RequestParams.of(
                 request.num_prompt_tokens, request.max_tokens, params),
-            self.member_logprobs.current(request_id))
+            self.members.kept_logprobs(request_id))
         if actions:
             # Most tokens are no event: no call on the hot path.
-            self._carry_out(actions, step)
+            self.carrier.carry_out(actions, step)
 
-    def finish_member(self,
-                      request: Request,
-                      reason: str,
-                      step: _Step,
-                      text: Optional[str] = None,
-                      token_ids: Optional[list[int]] = None) -> None:
-        """Records a member's finish with the lifecycle: every member's end
-        on V1 (a stop, a length cap, a child's or a root's stop string).
-
-        Args:
-            request: The member's request.
-            reason: "stop", "length" or upstream's other reasons.
-            step: This step's outputs.
-            text: Its own text, if a stop string cut it (else detokenized
-                as the frontend would).
-            token_ids: Its own tokens, if a stop string cut them (else all
-                it sampled).
-        """
-        request_id = request.request_id
-        start = self.coordinator.own_start(request_id)
-        self.stop_strings.forget(request_id)
-        self.scheduler.parking.forget(request_id)
-        if text is None:
-            text = frontend_text(self.tokenizer, request, start)
-        if token_ids is None:
-            token_ids = list(request.all_token_ids[start:])
-        self._carry_out(
-            self.coordinator.finished(
-                request_id, reason,
-                MemberResult(token_ids, text,
-                             self.member_logprobs.pop(request_id))), step)
-
-    # The coordinator's actions, carried out.
-
-    def _carry_out(self, actions: list[Action], step: Optional[_Step]) -> None:
-        for action in actions:
-            getattr(self, _CARRIERS[type(action)])(action, step)
-
-    def _start_tree(self, action: StartTree, step: Optional[_Step]) -> None:
-        request = self.scheduler.requests[action.root_id]
-        # A resume extends the prompt in place; with the engine core in
-        # process, the frontend holds the same list.
-        request.prompt_token_ids = list(request.prompt_token_ids)
-        self.restarts.started(action.root_id, action.holds_output)
-        if action.holds_output:
-            self.member_logprobs.keep(request)
-
-    def _fork(self, child: Fork, step: Optional[_Step]) -> None:
-        scheduler = self.scheduler
-        if child.fresh:
-            # A call of its own: nothing of its parent's KV to share.
-            request = self.restarts.call(
-                child.request_id, self.coordinator.root_of(child.request_id),
-                list(child.context_tokens))
-            self.member_logprobs.keep(request)
-            scheduler.add_request(request)
+    def _check_stop_string(self, out: EngineCoreOutput, step: Step) -> None:
+        """Ends a request whose outgoing output completes a stop string,
+        if its outputs carry trees (a root's, or a sample's whose siblings
+        have trees): the frontend finds the same stop (`stop_strings`)."""
+        request_id = out.request_id
+        request = self.scheduler.requests.get(request_id)
+        if (request is None or request.is_finished()
+                or not request.sampling_params.stop):
             return
-        parent = scheduler.requests[child.parent_id]
-        context = list(parent.all_token_ids) + list(child.context_tokens)
-        request = member_request(
-            child.request_id, parent, context,
-            child_params(parent, child,
-                         scheduler.max_model_len - len(context)))
-        self.member_logprobs.keep(request)
-        if child.stop:
-            self.stop_strings.watch(request, len(context))
-        scheduler.parking.queue_fork(
-            request, parent, first=self.special_kwargs.critical_path_first)
-
-    def _park(self, action: Park, step: Optional[_Step]) -> None:
-        self.scheduler.parking.park(self.scheduler.requests[action.member_id])
-
-    def resume(self, resume: Resume, step: Optional[_Step]) -> None:
-        """Appends a member's merged tokens as its session's next chunk.
-
-        Args:
-            resume: The coordinator's action.
-            step: This step's outputs: a root's show its merged tokens.
-        """
-        scheduler, member_id = self.scheduler, resume.member_id
-        request = scheduler.requests[member_id]
-        if request.status == RequestStatus.RUNNING:
-            # Only a parked session takes its next chunk.
-            scheduler.parking.park(request)
-        token_ids = list(resume.token_ids)
-        self.member_logprobs.merged(member_id, len(token_ids))
-        sync_token = request.all_token_ids[request.num_computed_tokens:]
-        # Output so far becomes prompt; the budget keeps counting it.
-        max_tokens = (request.max_tokens - request.num_output_tokens -
-                      len(token_ids))
-        params = request.sampling_params
-        params.prompt_logprobs = None
-        # The next chunk of the session: `<sync>` (sampled, not computed
-        # yet) and the merged tokens. Upstream keeps the computed tokens'
-        # KV and drops the uncomputed sampled token, given back here. The
-        # model runner keeps the request's generator: a seeded parent goes
-        # on with its own stream, replaying nothing.
-        scheduler.parking.release.update_request_as_session(
-            scheduler, request,
-            StreamingUpdate(mm_features=None,
-                            prompt_token_ids=sync_token + token_ids,
-                            max_tokens=max_tokens,
-                            arrival_time=request.arrival_time,
-                            sampling_params=params))
-        if member_id in scheduler.parking.evicted:
-            scheduler.parking.requeue_evicted(request)
-        if token_ids and not self.coordinator.is_child(member_id):
-            # The root's stream shows its merged tokens; a child's never
-            # leave the engine core.
-            append_merged_tokens(self._output_of(request, step), request,
-                                 token_ids, resume.token_logprob)
-
-    def _conclude(self, action: Conclude, step: Optional[_Step]) -> None:
-        """Ends a format's root after its last join: the tokens go to its
-        output, uncomputed, and it finishes "stop" with its tree."""
-        member_id, token_ids = action.member_id, list(action.token_ids)
-        request = self.scheduler.requests[member_id]
-        start = self.coordinator.own_start(member_id)
-        own = [*request.all_token_ids[start:], *token_ids]
-        out = self._output_of(request, step)
-        append_merged_tokens(out, request, token_ids, action.token_logprob)
-        out.finish_reason = FinishReason.STOP
-        self.end_requests(member_id, RequestStatus.FINISHED_STOPPED)
-        skip = request.sampling_params.skip_special_tokens
-        text = self.tokenizer.decode(own, skip_special_tokens=skip)
-        self.finish_member(request, "stop", step, text, own)
-
-    def _restart(self, action: Restart, step: Optional[_Step]) -> None:
-        member_id = action.member_id
-        old = self.scheduler.requests.get(member_id)
-        if action.shown_token_ids and old is not None:
-            append_merged_tokens(self._output_of(old, step), old,
-                                 list(action.shown_token_ids),
-                                 action.token_logprob)
-        self.scheduler.parking.forget(member_id)
-        request = self.restarts.call(member_id,
-                                     self.coordinator.root_of(member_id),
-                                     list(action.prompt_token_ids),
-                                     action.max_tokens)
-        if self.coordinator.is_child(member_id) or member_id in (
-                self.restarts.held):  # (Not a root with an output's.)
-            self.member_logprobs.keep(request)
-        self.restarts.restart(request)
-
-    @staticmethod
-    def _output_of(request: Request, step: _Step) -> EngineCoreOutput:
-        """A root's output of this step, added if it sampled nothing."""
-        out = step.outputs.get(request.request_id)
-        if out is None:
-            out = EngineCoreOutput(request_id=request.request_id,
-                                   new_token_ids=[])
-            step.outputs[request.request_id] = out
-            step.extra.setdefault(request.client_index, []).append(out)
-        return out
-
-    def _abort(self, action: Abort, step: Optional[_Step]) -> None:
-        # A member upstream has finished already is skipped: its finish,
-        # not reported yet, is void.
-        member_ids = [
-            member_id for member_id in action.member_ids
-            if not self._engine_finished(member_id)
-        ]
-        if not member_ids:
+        coordinator = self.coordinator
+        is_member = coordinator.is_member(request_id)
+        record = self.members.get(request_id)
+        if record is None or record.stop is None:
+            if not (is_member or self.members.sample_trees.carries_trees(
+                    request_id, coordinator.is_member)):
+                return
+            start = (coordinator.own_start(request_id)
+                     if is_member else request.num_prompt_tokens)
+            record = self.members.record(request_id)
+            record.stop = StopStringCheck(self.tokenizer, request, start,
+                                          len(out.new_token_ids))
+        check = record.stop.feed(out.new_token_ids)
+        if check is None:
             return
-        for member_id in member_ids:
-            self.member_logprobs.pop(member_id)
-            self.stop_strings.forget(member_id)
-            self.scheduler.parking.forget(member_id)
-            self.restarts.forget(member_id)
-        self.end_requests(member_ids, RequestStatus.FINISHED_ABORTED)
+        cut_at_stop(out, record.stop.num_kept)
+        self.end_requests(request_id, RequestStatus.FINISHED_STOPPED)
+        if is_member:
+            # As on V0: live children are aborted, the root stops there;
+            # its tokens end where the frontend cuts them.
+            step.outputs[request_id] = out
+            step.ends.append(
+                End(request, "stop", check.output_text,
+                    list(check.output_token_ids)))
+            self._report_ends(step)
+        # The frontend finds the same stop string and reports it; were it
+        # not to, the request would end aborted rather than wait forever.
+        out.finish_reason = FinishReason.ABORT
 
-    def _report_tree(self, action: ReportTree, step: Optional[_Step]) -> None:
-        out = step.outputs.get(action.root_id) if step is not None else None
-        if action.output_token_ids is not None and step is not None:
-            out = self._output_of(self.restarts.template(action.root_id), step)
-            self.restarts.release(action.root_id, action.output_token_ids, out,
-                                  action.tree.finish_reason,
-                                  action.tree.logprobs)
-        self.restarts.forget(action.root_id)
-        if out is not None:
-            attach_tree(out, action.tree)
+    def _report_ends(self, step: Step) -> None:
+        """Reports the members' ends found so far, in order, as
+        `finished` events, and carries out their actions (which may find
+        more: a `Conclude`)."""
+        coordinator = self.coordinator
+        while step.ends:
+            end = step.ends.popleft()
+            member_id = end.request.request_id
+            step.ended.add(member_id)
+            if (not coordinator.is_member(member_id)
+                    or coordinator.is_finished(member_id)):
+                # Its tree ended (or it was aborted) after it was found.
+                continue
+            result = end.result(self.tokenizer,
+                                coordinator.own_start(member_id),
+                                self.members.kept_logprobs(member_id))
+            self.carrier.carry_out(
+                coordinator.finished(member_id, end.reason, result), step)
 
-    def _engine_finished(self, member_id: str) -> bool:
-        """Whether upstream has finished a member (a call made anew is
-        not finished)."""
-        request = self.scheduler.requests.get(member_id)
-        return member_id not in self.restarts.pending and (
-            request is None or request.is_finished())
-
-    def export_metrics(self) -> None:
-        """Exports the lifecycle's counts and the KV cache's usage."""
-        self.metrics.export(self.coordinator.counts)
-        self.metrics.kv_cache_usage.set(self.scheduler.kv_cache_manager.usage)
+    def _settle(self, step: Step) -> None:
+        """Ends a step: its ends reported; the records of the requests
+        that ended go, but a member's whose call is made anew."""
+        self._report_ends(step)
+        coordinator = self.coordinator
+        for request_id in step.ended:
+            if not coordinator.is_member(
+                    request_id) or coordinator.is_finished(request_id):
+                self.members.drop(request_id)

@@ -3,8 +3,9 @@
 """The sampled logprobs the engine core keeps for tree nodes.
 
 A root's logprobs are its output's, which the frontend makes; a child's
-never leave the engine core, so they are kept here for its node, as a
-held root's are, whose output is made anew at its end
+never leave the engine core, so they are kept for its node (in its
+record, `members.MemberRecord`), as a held root's are, whose output is
+made anew at its end
 (`output_logprob_rows`). A member that restarts its call (`Restart`)
 keeps its new call's only: the lifecycle carries the old call's over
 (`sequence_hooks.call_logprobs`).
@@ -22,42 +23,39 @@ from vllm.v1.request import Request
 
 
 class MemberLogprobs:
-    """Per live member that keeps them, its current call's sampled tokens'
-    logprobs in `CompletionOutput`'s form (None where merged)."""
+    """One member's current call's sampled tokens' logprobs, in
+    `CompletionOutput`'s form (None where merged).
 
-    def __init__(self) -> None:
-        self.by_member: dict[str, list] = {}
-        # Per member kept, how many top logprobs it asked for.
-        self.asked: dict[str, int] = {}
+    Args:
+        num_logprobs: How many top logprobs its request asked for.
+    """
 
-    def keep(self, request: Request) -> None:
-        """Keeps a member's logprobs from now on (anew), if it asked
-        (``logprobs`` or ``logprob_token_ids``)."""
+    def __init__(self, num_logprobs: int) -> None:
+        self.num_logprobs = num_logprobs
+        self.entries: list = []
+
+    @classmethod
+    def of(cls, request: Request) -> Optional["MemberLogprobs"]:
+        """The logprobs to keep for a member's call.
+
+        Args:
+            request: The call's request.
+
+        Returns:
+            Its kept logprobs, none yet; None if it asked for none
+            (``logprobs`` or ``logprob_token_ids``).
+        """
         asked = request.sampling_params.num_logprobs
-        if asked is not None:
-            self.by_member[request.request_id] = []
-            self.asked[request.request_id] = asked
+        return None if asked is None else cls(asked)
 
-    def sampled(self, member_id: str, new_logprobs) -> None:
-        """A step's rows of a member's sampled tokens."""
-        logprobs = self.by_member.get(member_id)
-        if logprobs is not None and new_logprobs is not None:
-            append_logprob_rows(logprobs, new_logprobs, self.asked[member_id])
+    def sampled(self, new_logprobs: Optional[LogprobsLists]) -> None:
+        """A step's rows of the member's sampled tokens (None: none)."""
+        if new_logprobs is not None:
+            append_logprob_rows(self.entries, new_logprobs, self.num_logprobs)
 
-    def merged(self, member_id: str, count: int) -> None:
-        """``count`` tokens merged into a member: no logprobs."""
-        if member_id in self.by_member:
-            self.by_member[member_id] += [None] * count
-
-    def current(self, member_id: str) -> Optional[list]:
-        """A live member's logprobs so far, the list kept (to read, not to
-        keep: it grows); None if it keeps none."""
-        return self.by_member.get(member_id)
-
-    def pop(self, member_id: str) -> Optional[list]:
-        """A member's logprobs, no longer kept; None if it kept none."""
-        self.asked.pop(member_id, None)
-        return self.by_member.pop(member_id, None)
+    def merged(self, count: int) -> None:
+        """``count`` tokens merged into the member: no logprobs."""
+        self.entries += [None] * count
 
 
 def output_logprob_rows(token_ids: list[int],

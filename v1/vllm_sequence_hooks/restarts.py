@@ -16,8 +16,7 @@ A root whose outputs are held never reaches the frontend before its
 """
 
 from collections import Counter
-from collections.abc import Container
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from vllm_sequence_hooks.member_logprobs import output_logprob_rows
 
@@ -25,7 +24,7 @@ from sequence_hooks.actions import Fork
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.engine import EngineCoreOutput, FinishReason
-from vllm.v1.request import Request, RequestStatus
+from vllm.v1.request import Request
 
 
 def member_request(request_id: str, like: Request, prompt: list[int],
@@ -102,155 +101,107 @@ def child_params(parent: Request, child: Fork, room: int) -> SamplingParams:
     return params
 
 
-class CallRestarts:
-    """The held roots of one scheduler and their members' new calls.
+def new_call(template: Request, member_id: str, prompt: list[int],
+             max_tokens: Optional[int], max_model_len: int) -> Request:
+    """A member's call from ``prompt`` (`Restart`, `Fork.fresh`).
 
     Args:
-        scheduler: The `SequenceHookScheduler`.
-        end_requests: Upstream's `finish_requests`.
-        enabled: Whether the format's lifecycle may restart calls (none
-            of this runs for promise/sync).
+        template: Its tree's root's request as it arrived, whose
+            parameters it has (its seed: every call of a format's
+            controller has the request's).
+        member_id: The member's id.
+        prompt: The call's prompt.
+        max_tokens: Its budget; None: the root's (one call's).
+        max_model_len: The context window, which caps the budget.
+
+    Returns:
+        The call's request.
+    """
+    params = later_call(template.sampling_params.clone())
+    params.max_tokens = min(
+        template.max_tokens if max_tokens is None else max_tokens,
+        max_model_len - len(prompt))
+    return member_request(member_id, template, prompt, params)
+
+
+def held_prompt_logprobs(out: EngineCoreOutput) -> Optional[tuple[Any, Any]]:
+    """What a held root's output carries of its prompt's logprobs
+    (upstream gives them whole with the first sampled token).
+
+    Args:
+        out: The root's output, held back.
+
+    Returns:
+        Its `new_prompt_logprobs_tensors` and `prompt_token_id_logprobs`;
+        None if it carries neither.
+    """
+    if (out.new_prompt_logprobs_tensors is None
+            and out.prompt_token_id_logprobs is None):
+        return None
+    return out.new_prompt_logprobs_tensors, out.prompt_token_id_logprobs
+
+
+def give_held_output(out: EngineCoreOutput, template: Request,
+                     output_token_ids: tuple[int, ...],
+                     prompt_logprobs: Optional[tuple[Any, Any]],
+                     reason: Optional[str], logprobs: Optional[list]) -> None:
+    """A held root's end: ``out`` carries its whole output.
+
+    Args:
+        out: Its output of this step.
+        template: Its request as it arrived.
+        output_token_ids: Its output.
+        prompt_logprobs: Its prompt's logprobs, kept from the output that
+            carried them (`held_prompt_logprobs`); None: none kept (none
+            asked, or the root ends at its first sampled token, whose
+            output has them).
+        reason: Its finish reason in its tree.
+        logprobs: Its tokens' logprobs in its tree.
+    """
+    out.new_token_ids = list(output_token_ids)
+    asked = template.sampling_params.num_logprobs
+    out.new_logprobs = None if asked is None else output_logprob_rows(
+        out.new_token_ids, logprobs, asked)
+    if prompt_logprobs is not None:
+        (out.new_prompt_logprobs_tensors,
+         out.prompt_token_id_logprobs) = prompt_logprobs
+    if out.finish_reason is None:
+        out.finish_reason = (FinishReason.LENGTH
+                             if reason == "length" else FinishReason.STOP)
+
+
+class StepsInFlight:
+    """Steps in flight per request id (async scheduling, the pipeline's
+    batch queue), while the format makes calls anew: upstream applies a
+    step's tokens to whatever request holds the id, so a call made anew
+    waits until none of the old call's is in flight.
+
+    Counted for every request, tree or not: a request's first trigger may
+    restart its call (a seeded fork with no branch) while the step
+    scheduled before its tree started is in flight.
     """
 
-    def __init__(self, scheduler: Any,
-                 end_requests: Callable[[Any, RequestStatus],
-                                        Any], enabled: bool) -> None:
-        self.scheduler = scheduler
-        self.end_requests = end_requests
-        self.enabled = enabled
-        # Per tree's root, its request as it arrived: every call of its
-        # tree has its parameters.
-        self.templates: dict[str, Request] = {}
-        # Roots whose outputs are held back.
-        self.held: set[str] = set()
-        # Steps in flight per request id. Counted for every request, tree
-        # or not: a request's first trigger may restart its call (a seeded
-        # fork with no branch) while the step scheduled before
-        # its tree started is in flight.
-        self.in_flight: Counter = Counter()
-        # New calls waiting for their old call's steps in flight.
-        self.pending: dict[str, Request] = {}
-        # Per held root, its prompt's logprobs (`new_prompt_logprobs_tensors`
-        # and `prompt_token_id_logprobs`: upstream gives them whole with the
-        # first sampled token, in an output held back).
-        self.prompt_logprobs: dict[str, tuple[Any, Any]] = {}
+    def __init__(self) -> None:
+        self._steps: Counter = Counter()
 
-    def started(self, root_id: str, holds_output: bool) -> None:
-        """A tree started (`StartTree`): its root's request is its calls'
-        template; ``holds_output``: its outputs are held back."""
-        if not self.enabled:
-            return
-        self.templates[root_id] = self.scheduler.requests[root_id]
-        if holds_output:
-            self.held.add(root_id)
+    def __len__(self) -> int:
+        """Requests with steps in flight."""
+        return len(self._steps)
 
-    def call(self,
-             member_id: str,
-             root_id: str,
-             prompt: list[int],
-             max_tokens: Optional[int] = None) -> Request:
-        """A member's call from ``prompt``: its root's parameters (its
-        seed: every call of a format's controller has the request's),
-        ``max_tokens`` (None: the root's, one call's budget), within the
-        context window."""
-        template = self.templates[root_id]
-        params = later_call(template.sampling_params.clone())
-        params.max_tokens = min(
-            template.max_tokens if max_tokens is None else max_tokens,
-            self.scheduler.max_model_len - len(prompt))
-        return member_request(member_id, template, prompt, params)
-
-    def restart(self, request: Request) -> None:
-        """Ends the member's current call, if running, and starts
-        ``request`` once no step of the old call is in flight."""
-        request_id = request.request_id
-        current = self.scheduler.requests.get(request_id)
-        if current is not None and not current.is_finished():
-            self.end_requests(request_id, RequestStatus.FINISHED_STOPPED)
-        if self.in_flight[request_id]:
-            self.pending[request_id] = request
-        else:
-            self.scheduler.add_request(request)
+    def __getitem__(self, request_id: str) -> int:
+        """A request's steps in flight."""
+        return self._steps[request_id]
 
     def scheduled(self, scheduler_output: SchedulerOutput) -> None:
         """A step was scheduled: its requests' steps are in flight."""
-        self.in_flight.update(scheduler_output.num_scheduled_tokens)
+        self._steps.update(scheduler_output.num_scheduled_tokens)
 
-    def updated(self, scheduler_output: SchedulerOutput) -> None:
-        """A step's output is in: its requests' steps are not in flight;
-        new calls that waited for them start."""
-        self.in_flight.subtract(scheduler_output.num_scheduled_tokens)
-        self.in_flight = +self.in_flight
-        for request_id in [r for r in self.pending if not self.in_flight[r]]:
-            self.scheduler.add_request(self.pending.pop(request_id))
+    def landed(self, scheduler_output: SchedulerOutput) -> None:
+        """A step's output is in: its requests' steps are not in flight
+        (a request ended meanwhile comes out below 0: dropped too)."""
+        self._steps.subtract(scheduler_output.num_scheduled_tokens)
+        self._steps = +self._steps
 
-    def shown(self, outputs: list[EngineCoreOutput],
-              children: Container[str]) -> list[EngineCoreOutput]:
-        """A step's outputs the frontend gets: none of ``children``, none
-        of a held root (what it carries of its prompt is kept).
-
-        Args:
-            outputs: The step's outputs of one client.
-            children: The ids of children.
-
-        Returns:
-            The outputs shown.
-        """
-        shown = []
-        for out in outputs:
-            if out.request_id in self.held:
-                if (out.new_prompt_logprobs_tensors is not None
-                        or out.prompt_token_id_logprobs is not None):
-                    self.prompt_logprobs[out.request_id] = (
-                        out.new_prompt_logprobs_tensors,
-                        out.prompt_token_id_logprobs)
-            elif out.request_id not in children:
-                shown.append(out)
-        return shown
-
-    def release(self, root_id: str, output_token_ids: tuple[int, ...],
-                out: EngineCoreOutput, reason: Optional[str],
-                logprobs: Optional[list]) -> None:
-        """A held root's end: ``out`` carries its whole output.
-
-        Args:
-            root_id: The root.
-            output_token_ids: Its output.
-            out: Its output of this step.
-            reason: Its finish reason in its tree.
-            logprobs: Its tokens' logprobs in its tree.
-        """
-        out.new_token_ids = list(output_token_ids)
-        asked = self.templates[root_id].sampling_params.num_logprobs
-        out.new_logprobs = None if asked is None else output_logprob_rows(
-            out.new_token_ids, logprobs, asked)
-        kept = self.prompt_logprobs.get(root_id)
-        if kept is not None:
-            # (None kept: none asked, or the root ends at its first sampled
-            # token, whose output has them.)
-            (out.new_prompt_logprobs_tensors,
-             out.prompt_token_id_logprobs) = kept
-        if out.finish_reason is None:
-            out.finish_reason = (FinishReason.LENGTH
-                                 if reason == "length" else FinishReason.STOP)
-        self.forget(root_id)
-
-    def between_calls(self) -> list[Request]:
-        """The trees' roots with no request in the scheduler (their
-        sub-searches running, or a new call waiting for the old one's
-        steps in flight), as they arrived."""
-        return [
-            template for root_id, template in self.templates.items()
-            if root_id not in self.scheduler.requests
-        ]
-
-    def template(self, root_id: str) -> Request:
-        """A tree's root's request as it arrived."""
-        return self.templates[root_id]
-
-    def forget(self, member_id: str) -> None:
-        """Drops a finished or aborted member's records."""
-        self.templates.pop(member_id, None)
-        self.held.discard(member_id)
-        self.pending.pop(member_id, None)
-        self.prompt_logprobs.pop(member_id, None)
+    def forget(self, request_id: str) -> None:
+        """A request has ended."""
+        self._steps.pop(request_id, None)

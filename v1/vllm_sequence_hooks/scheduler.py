@@ -4,11 +4,13 @@
 
 Selected with `scheduler_cls` (`--scheduler-cls`) and configured with
 `additional_config={"special_kwargs": {...}}` (`config`). The scheduler
-overrides only what it must: its hooks (`hooks.SequenceHooks`, V1's side
-of the lifecycle) run after the stock `update_from_output` has appended
-and stop-checked the step's sampled tokens, and the KV mechanics of a
-fork, a park and an eviction are `parking.KvParking`'s, which it holds
-too. See docs/v1.md.
+overrides only what it must, and holds one helper, its hooks
+(`hooks.SequenceHooks`: V1's side of the lifecycle and what the engine
+keeps for its trees), which it asks at each upstream moment through their
+named calls: before and after a step is scheduled, after the stock
+`update_from_output` has appended and stop-checked the step's sampled
+tokens, at an abort, an arrival and a prefix-cache lookup. See
+docs/v1.md.
 """
 
 from collections import deque
@@ -17,7 +19,6 @@ from typing import Any
 from vllm_sequence_hooks.config import (REQUEST_CHECK, names_request_check,
                                         refuse_unservable, special_kwargs_of)
 from vllm_sequence_hooks.hooks import SequenceHooks
-from vllm_sequence_hooks.parking import KvParking
 from vllm_sequence_hooks.seams import check_vllm_version
 
 from sequence_hooks.ordering import CriticalPathOrder, Queued
@@ -25,6 +26,7 @@ from vllm.config import VllmConfig
 from vllm.tokenizers import cached_tokenizer_from_config
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
@@ -81,24 +83,21 @@ class SequenceHookScheduler(Scheduler):
             vllm_config.model_config.served_model_name,
             # The ends the hooks decide skip this class's override.
             end_requests=super().finish_requests)
-        self.parking = KvParking(self, self.hooks.coordinator)
 
     def schedule(self, *args, **kwargs) -> SchedulerOutput:
         """Schedules as upstream, critical-path work first, parked parents
-        not counted as running (`KvParking.num_parked`) and evicted when
-        they alone block the queue."""
+        not counted as running (`SequenceHooks.num_parked`) and evicted
+        when they alone block the queue."""
         if self.hooks.order is not None:
-            order_queues(self, self.hooks.order)
-        self.parking.evict_if_stalled()
-        parked = self.parking.num_parked()
+            order_queues(self, self.hooks.order, self.hooks.waiting_queues())
+        self.hooks.before_schedule()
+        parked = self.hooks.num_parked()
         self.num_waiting_for_streaming_input -= parked
         try:
             output = super().schedule(*args, **kwargs)
         finally:
             self.num_waiting_for_streaming_input += parked
-        self.hooks.export_metrics()
-        if self.hooks.restarts.enabled:
-            self.hooks.restarts.scheduled(output)
+        self.hooks.scheduled(output)
         return output
 
     def update_from_output(
@@ -111,10 +110,7 @@ class SequenceHookScheduler(Scheduler):
         members = self.hooks.members_scheduled(scheduler_output)
         engine_outputs = super().update_from_output(scheduler_output,
                                                     model_runner_output)
-        self.hooks.update(members, engine_outputs)
-        if self.hooks.restarts.enabled:
-            self.hooks.restarts.updated(scheduler_output)
-        self.hooks.export_metrics()
+        self.hooks.update(scheduler_output, members, engine_outputs)
         return engine_outputs
 
     def finish_requests(self, request_ids: Any,
@@ -123,14 +119,14 @@ class SequenceHookScheduler(Scheduler):
 
         Finishing all (``request_ids`` None: a pause that aborts, the
         engine's fault handling) also finishes the roots between calls
-        (`CallRestarts.between_calls`), which hold no request here, and
+        (`SequenceHooks.between_calls`), which hold no request here, and
         returns them with the rest, so that their clients hear of it.
         """
         if isinstance(request_ids, str):
             request_ids = (request_ids, )
         between_calls = []
         if request_ids is None:
-            between_calls = self.hooks.restarts.between_calls()
+            between_calls = self.hooks.between_calls()
             request_ids = [
                 *self.requests, *(r.request_id for r in between_calls)
             ]
@@ -144,8 +140,8 @@ class SequenceHookScheduler(Scheduler):
 
     def _get_local_prefix_cache_hit(self, request: Request, *args):
         """A new child's hit is its parent's computed context
-        (`KvParking.prefix_hit`); any other request's is upstream's."""
-        hit = self.parking.prefix_hit(request, *args)
+        (`SequenceHooks.prefix_hit`); any other request's is upstream's."""
+        hit = self.hooks.prefix_hit(request, *args)
         if hit is None:
             return super()._get_local_prefix_cache_hit(request, *args)
         return hit
@@ -172,8 +168,8 @@ class AsyncSequenceHookScheduler(SequenceHookScheduler, AsyncScheduler):
     """
 
 
-def order_queues(scheduler: SequenceHookScheduler,
-                 order: CriticalPathOrder) -> None:
+def order_queues(scheduler: SequenceHookScheduler, order: CriticalPathOrder,
+                 waiting_queues: tuple[RequestQueue, ...]) -> None:
     """Hands a scheduler's running list and waiting queues to the ordering
     policy both engines share (`sequence_hooks.ordering`), in place.
 
@@ -183,11 +179,17 @@ def order_queues(scheduler: SequenceHookScheduler,
     already in the policy's order (priority, then arrival; a member's is
     its root's) and upstream preempts by the same key: only the running
     list is ordered.
+
+    Args:
+        scheduler: The scheduler.
+        order: The ordering policy.
+        waiting_queues: The queues upstream admits from, in its order
+            (`SequenceHooks.waiting_queues`).
     """
     if not order.begin_step(lambda: scheduler.requests):
         return
     scheduler.running[:] = order.running(scheduler.running, queued)
-    for queue in scheduler.parking.waiting_queues():
+    for queue in waiting_queues:
         if isinstance(queue, deque):
             ordered = order.waiting(queue, queued)
             queue.clear()
@@ -196,5 +198,5 @@ def order_queues(scheduler: SequenceHookScheduler,
 
 def queued(request: Request) -> Queued:
     """What the ordering policy reads of a request: a child's priority and
-    arrival time are its root's (`SequenceHooks._fork`)."""
+    arrival time are its root's (`restarts.member_request`)."""
     return Queued(request.request_id, request.priority, request.arrival_time)

@@ -218,8 +218,9 @@ SCHEDULER_SEAMS: tuple[Seam, ...] = (
     Seam(
         "vllm.v1.engine:EngineCoreOutput.events", "reads, writes",
         "a child's `PREEMPTED` events go out with its root's next output "
-        "(`transport.ChildPreemptions`), so `vllm:num_preemptions` counts "
-        "them", "never: the scheduler's outputs"),
+        "(`transport.preemptions`, held in the root's record), so "
+        "`vllm:num_preemptions` counts them",
+        "never: the scheduler's outputs"),
     Seam("vllm.v1.engine:EngineCoreEvent.type", "reads",
          "which held events are a child's preemptions", NEVER_GIVEN),
     Seam("vllm.v1.engine:EngineCoreEventType.PREEMPTED", "reads",

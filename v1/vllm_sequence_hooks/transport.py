@@ -142,7 +142,8 @@ class SampleTrees:
 
     def finished(self, out: EngineCoreOutput) -> None:
         """A sample's final output takes its tree and its finished
-        siblings' along (outputs reach the frontend in the order sent)."""
+        siblings' along (outputs reach the frontend in the order sent);
+        the sample is forgotten with its request's records."""
         samples = self._of(out.request_id)
         if samples is None:
             return
@@ -154,10 +155,10 @@ class SampleTrees:
         if samples.trees:
             params[SAMPLE_TREES_KEY] = dict(samples.trees)
         out.kv_transfer_params = params or None
-        self.forget(out.request_id)
 
     def forget(self, request_id: str) -> None:
-        """A sample is done; its request's samples go with the last."""
+        """A sample has ended (any request id may be given); its request's
+        samples go with the last."""
         samples = self._of(request_id)
         if samples is not None:
             samples.live.discard(request_id)
@@ -171,41 +172,28 @@ class SampleTrees:
                 else None)
 
 
-class ChildPreemptions:
-    """Children's preemptions, reported as their root's.
+def preemptions(child_out: EngineCoreOutput) -> list[EngineCoreEvent]:
+    """A dropped child output's preemption events, which go out with its
+    root's next output (`add_events`; every tree ends with one).
 
     A child's outputs never leave the engine core, nor would its events:
-    the frontend counts `vllm:num_preemptions_total` from the
-    `PREEMPTED` events of the outputs it receives, so a child preempted
-    for blocks would go uncounted. Its `PREEMPTED` events are held for its
-    root and go with the root's next output (every tree ends with one);
-    other events (queued, scheduled) would set the root's own timestamps
-    and stay behind.
+    the frontend counts `vllm:num_preemptions_total` from the `PREEMPTED`
+    events of the outputs it receives, so a child preempted for blocks
+    would go uncounted. Its other events (queued, scheduled) would set
+    the root's own timestamps and stay behind.
+
+    Args:
+        child_out: The child's output of this step.
+
+    Returns:
+        Its `PREEMPTED` events.
     """
+    return [
+        event for event in child_out.events or ()
+        if event.type == EngineCoreEventType.PREEMPTED
+    ]
 
-    def __init__(self) -> None:
-        # By root request id.
-        self._held: dict[str, list[EngineCoreEvent]] = {}
 
-    def hold(self, root_id: str, child_out: EngineCoreOutput) -> None:
-        """Keeps a dropped child output's preemptions for its root."""
-        preempted = [
-            event for event in child_out.events or ()
-            if event.type == EngineCoreEventType.PREEMPTED
-        ]
-        if preempted:
-            self._held.setdefault(root_id, []).extend(preempted)
-
-    def attach(self, out: EngineCoreOutput) -> None:
-        """Adds the preemptions held for ``out``'s request to it."""
-        held = self._held.pop(out.request_id, None)
-        if held:
-            out.events = list(out.events or ()) + held
-
-    def forget(self, root_id: str) -> None:
-        """A root ended with no output to carry them (aborted)."""
-        self._held.pop(root_id, None)
-
-    def __len__(self) -> int:
-        """Roots with preemptions held."""
-        return len(self._held)
+def add_events(out: EngineCoreOutput, events: list[EngineCoreEvent]) -> None:
+    """Adds events (a root's children's preemptions) to an output."""
+    out.events = list(out.events or ()) + events

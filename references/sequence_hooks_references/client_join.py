@@ -30,7 +30,7 @@ The join logic is sender-neutral: a sender sends a request and
 calls back with its new tokens. `EngineSender` drives an in-process
 `LLMEngine` step by step (a child request is added right after the step
 that sampled its `<promise>`, as the hooks spawn it);
-`sequence_hooks_testkit.bench.client_join_http` streams from an
+`sequence_hooks_references.client_join_http` streams from an
 OpenAI-compatible server.
 
 Not mirrored: stop strings, `min_tokens` (it would mask the `<sync>` stop

@@ -17,9 +17,9 @@ from typing import Optional
 
 import aiohttp
 
-from sequence_hooks_testkit.bench.client_join import (JoinRequest, JoinResult,
-                                                      JoinTask, OptionsFn,
-                                                      sender_defaults)
+from sequence_hooks_references.client_join import (JoinRequest, JoinResult,
+                                                   JoinTask, OptionsFn,
+                                                   sender_defaults)
 
 # Seconds a request may take in all; every wait is bounded.
 REQUEST_SECONDS = 600

@@ -45,8 +45,8 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-from sequence_hooks_testkit.formats.apr_controller import TextCompletion
-from sequence_hooks_testkit.formats.driver import Calls, drive
+from sequence_hooks_references.formats.apr_controller import TextCompletion
+from sequence_hooks_references.formats.driver import Calls, drive
 
 OUTLINE_PATTERN = re.compile(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:")
 OUTLINES, OUTLINES_END, THREAD_END = "<Outlines>", "</Outlines>", "</Thread>"

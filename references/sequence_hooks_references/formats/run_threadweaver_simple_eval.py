@@ -4,7 +4,7 @@
 on stock vLLM in a process of its own and writes the answers as JSON.
 
 Usage (in .venv-v1): python -m
-    sequence_hooks_testkit.formats.run_threadweaver_simple_eval
+    sequence_hooks_references.formats.run_threadweaver_simple_eval
     MODEL CASES.json OUT.json [--url URL]
 
 CASES.json is a list of cases, each ``{"name", "prompts": [text],
@@ -18,10 +18,10 @@ import dataclasses
 import json
 from typing import Any
 
-from sequence_hooks_testkit.formats.apr_controller import TextCompletion
-from sequence_hooks_testkit.formats.run_threadweaver import (backend_for,
-                                                             runner_parser)
-from sequence_hooks_testkit.formats.threadweaver_simple_eval import (
+from sequence_hooks_references.formats.apr_controller import TextCompletion
+from sequence_hooks_references.formats.run_threadweaver import (backend_for,
+                                                                runner_parser)
+from sequence_hooks_references.formats.threadweaver_simple_eval import (
     SimpleEvalController, run)
 
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """APR's trace grammar, as its controller reads and writes traces: the
-test kit's own, written from Parallel-Reasoning/APR and sharing no code
+references' own, written from Parallel-Reasoning/APR and sharing no code
 with the engine's lifecycle, so that a slip in either shows as a
 difference between them.
 

@@ -8,7 +8,8 @@ APR's).
 ``TokensPrompt``s); `HTTPBackend` sends one OpenAI completions request per
 call, a token-id prompt with ``return_token_ids: true`` (vLLM 0.32: the
 matched stop id is the last of ``choices[0].token_ids``);
-`ScriptedBackend` and `ScriptedTextBackend` decode a scripted model,
+`ScriptedBackend`, `ScriptedTextBackend` and `ScriptedServer` (token-id
+prompts, text out, special tokens kept) decode a scripted model,
 model-free; `Recorded` keeps a backend's calls.
 """
 
@@ -17,8 +18,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
-from sequence_hooks_testkit.formats.apr_controller import TextCompletion
-from sequence_hooks_testkit.formats.threadweaver_controller import Completion
+from sequence_hooks_references.formats.apr_controller import TextCompletion
+from sequence_hooks_references.formats.threadweaver_controller import (
+    Completion)
 
 
 def _sampled_logprobs(completion) -> Optional[list[float]]:
@@ -236,6 +238,46 @@ class ScriptedTextBackend:
                     reason = "stop"
                     break
             text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            if matched is not None:
+                text = text[:text.index(matched)]
+            done.append(TextCompletion(text, reason, matched, tokens))
+        return done
+
+
+class ScriptedServer:
+    """Stock vLLM's completions API over a scripted model: a token-id
+    prompt decoded greedily to EOS, its ``max_tokens`` or one of its
+    ``stop`` strings; the text (special tokens kept) holds neither the
+    EOS nor a matched stop string, the ids every sampled token.
+
+    Args:
+        model: The model: ``next_token(context)``, its greedy choice, and
+            a ``tokenizer`` that decodes (as
+            `sequence_hooks_testkit.formats.threadweaver_scripts.ScriptedModel`).
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    def generate_text(self, prompts: list[list[int]],
+                      params: list[dict[str, Any]]) -> list[TextCompletion]:
+        """Decodes every prompt in turn."""
+        tokenizer = self.model.tokenizer
+        eos = tokenizer.eos_token_id
+        done = []
+        for prompt, one in zip(prompts, params):
+            context, tokens = list(prompt), []
+            reason, matched = "length", None
+            while len(tokens) < one["max_tokens"]:
+                token = self.model.next_token(context)
+                context.append(token)
+                tokens.append(token)
+                text = tokenizer.decode(tokens)
+                hit = [s for s in one["stop"] if s in text]
+                if token == eos or hit:
+                    reason, matched = "stop", (hit or [None])[0]
+                    break
+            text = tokenizer.decode([t for t in tokens if t != eos])
             if matched is not None:
                 text = text[:text.index(matched)]
             done.append(TextCompletion(text, reason, matched, tokens))

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 # The hook tokens, as the model's set-up adds them.
-from sequence_hooks_testkit.training.prepare_base_model import (  # noqa: F401
-    CHILD, PROMISE, SYNC)
+from sequence_hooks_training import prepare_base_model as set_up
+
+CHILD, PROMISE, SYNC = set_up.CHILD, set_up.PROMISE, set_up.SYNC
 
 SYSTEM_PARALLEL = ("You are a helpful assistant. Answer each item in its own "
                    "parallel branch.")

@@ -18,7 +18,7 @@ import random
 
 import torch
 
-from sequence_hooks_testkit.training import expand_task as task
+from sequence_hooks_training import expand_task as task
 
 
 class ForceChildAnswer:

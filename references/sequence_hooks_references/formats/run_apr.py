@@ -3,7 +3,7 @@
 """Runs APR's controller on stock vLLM in a process of its own and writes
 the searches as JSON (as `run_threadweaver` does for ThreadWeaver).
 
-Usage (in .venv-v1): python -m sequence_hooks_testkit.formats.run_apr
+Usage (in .venv-v1): python -m sequence_hooks_references.formats.run_apr
     MODEL CASES.json OUT.json [--url URL] [--max-model-len N]
 
 CASES.json is a list of cases, each ``{"name", "prompts": [prefix text],
@@ -14,10 +14,10 @@ as text before its prefix (the reference's ``ADD_BOS``).
 import dataclasses
 import json
 
-from sequence_hooks_testkit.formats.apr_controller import (APRController,
-                                                           run_apr)
-from sequence_hooks_testkit.formats.run_threadweaver import (backend_for,
-                                                             runner_parser)
+from sequence_hooks_references.formats.apr_controller import (APRController,
+                                                              run_apr)
+from sequence_hooks_references.formats.run_threadweaver import (backend_for,
+                                                                runner_parser)
 
 
 def main() -> None:

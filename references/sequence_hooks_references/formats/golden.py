@@ -14,8 +14,8 @@ calls and gives the same answers. The tokenizers are the format tests'
 (a character a token, the tags one token each; APR's also merges
 ``"]\\n"``), described in each file.
 
-Usage (any venv with the test kit): python -m
-sequence_hooks_testkit.formats.golden [OUT_DIR] (common/tests/golden by
+Usage (any venv with the references and the test kit): python -m
+sequence_hooks_references.formats.golden [OUT_DIR] (common/tests/golden by
 default).
 """
 
@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from sequence_hooks_testkit.formats import apr_scripts as apr
-from sequence_hooks_testkit.formats.apr_controller import (APRController,
-                                                           run_apr)
-from sequence_hooks_testkit.formats.backends import (Recorded, ScriptedBackend,
-                                                     ScriptedTextBackend)
-from sequence_hooks_testkit.formats.threadweaver_controller import (
+from sequence_hooks_references.formats.apr_controller import (APRController,
+                                                              run_apr)
+from sequence_hooks_references.formats.backends import (Recorded,
+                                                        ScriptedBackend,
+                                                        ScriptedTextBackend)
+from sequence_hooks_references.formats.threadweaver_controller import (
     ThreadWeaverController, run)
+from sequence_hooks_testkit.formats import apr_scripts as apr
 
 GOLDEN = Path(__file__).resolve().parents[3] / "common" / "tests" / "golden"
 
@@ -350,7 +351,7 @@ def golden(name: str) -> dict[str, Any]:
         writer = "ThreadWeaverController"
     return {
         "format": name,
-        "written_by": f"sequence_hooks_testkit.formats.golden ({writer} "
+        "written_by": f"sequence_hooks_references.formats.golden ({writer} "
         "over a scripted greedy model)",
         "tokenizer": tokenizer.to_json(),
         "cases": cases,

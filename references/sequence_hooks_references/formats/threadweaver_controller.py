@@ -30,39 +30,17 @@ many rollouts at once: `run` drives rollouts through a `Backend`
 with token-id prompts and ``return_token_ids``).
 """
 
-import re
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-from sequence_hooks_testkit.formats.driver import Calls, drive
+from sequence_hooks_references.formats.driver import Calls, drive
+from sequence_hooks_testkit.formats.threadweaver_format import (
+    CLOSURE, CONCLUSION_CONTINUATION, CONCLUSION_FINAL, CONTINUATION, FINAL,
+    OUTLINES, OUTLINES_END, THREAD_END, first_header, later_header,
+    outline_labels)
 
-OUTLINE_PATTERN = re.compile(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:")
-OUTLINES, OUTLINES_END, THREAD_END = "<Outlines>", "</Outlines>", "</Thread>"
-CLOSURE = "\n</Thread>"
-# After a join: go on (CONTINUATION) or close the block and stop (FINAL);
-# with no_conclusion=False each opens an empty <Conclusion> instead.
-CONTINUATION, FINAL = "\n", "\n</Parallel>"
-CONCLUSION_CONTINUATION = "\n<Conclusion>\n"
-CONCLUSION_FINAL = "\n<Conclusion>\n</Conclusion>\n</Parallel>"
 MAX_ITERATIONS = 32
-
-
-def first_header(label: str) -> str:
-    """A branch's prompt header, and the first branch's in the join."""
-    return "\n<Thread>\n" + f"{label}:"
-
-
-def later_header(label: str) -> str:
-    """The join's header of every branch after the first."""
-    return "<Thread>\n" + f"{label}:"
-
-
-def outline_labels(text: str) -> list[str]:
-    """The regex's labels after the last ``<Outlines>`` of ``text``, in
-    order, repeats kept (none without ``<Outlines>``)."""
-    start = text.rfind(OUTLINES)
-    return [] if start < 0 else OUTLINE_PATTERN.findall(text[start:])
 
 
 @dataclass(frozen=True)

@@ -43,8 +43,16 @@ from dataclasses import dataclass
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from sequence_hooks_testkit.formats.threadweaver_controller import (
-    CLOSURE, CONTINUATION, FINAL, first_header, later_header, outline_labels)
+# yapf conflicts with isort for this import
+# yapf: disable
+from sequence_hooks_testkit.formats.threadweaver_format import (CLOSURE,
+                                                                CONTINUATION,
+                                                                FINAL,
+                                                                first_header,
+                                                                later_header,
+                                                                outline_labels)
+
+# yapf: enable
 
 BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
 # ThreadWeaver's added special tokens (threadweaver_sft/src/utils.py,

@@ -4,8 +4,9 @@
 and writes the rollouts as JSON (a test process may already hold a V1
 engine, and a second one in a process computes wrong logits).
 
-Usage (in .venv-v1): python -m sequence_hooks_testkit.formats.run_threadweaver
-    MODEL CASES.json OUT.json [--url URL]
+Usage (in .venv-v1): python -m
+    sequence_hooks_references.formats.run_threadweaver MODEL CASES.json
+    OUT.json [--url URL]
 
 CASES.json is a list of cases, each ``{"name", "prompts": [text],
 "settings": {controller keyword arguments}, "sampling": {...}, "n": 1}``.
@@ -22,14 +23,15 @@ import json
 import os
 from pathlib import Path
 
-from sequence_hooks_testkit.formats.backends import Recorded
-from sequence_hooks_testkit.formats.threadweaver_controller import (
+from sequence_hooks_references.formats.backends import Recorded
+from sequence_hooks_references.formats.threadweaver_controller import (
     ThreadWeaverController, run)
 
 
 def backend_for(model: str, url=None, max_model_len: int = 512):
     """Stock vLLM over MODEL: served at ``url``, else offline."""
-    from sequence_hooks_testkit.formats.backends import HTTPBackend, LLMBackend
+    from sequence_hooks_references.formats.backends import (HTTPBackend,
+                                                            LLMBackend)
     if url:
         return HTTPBackend(url)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

@@ -5,7 +5,7 @@
 The reference is Parallel-Reasoning/APR, src/eval/eval_apr.py
 (`call_search`, `decode_trace`, `generate`): text in, text out; its
 algorithm, written anew, is in docs/formats.md. It reads and writes
-traces with the test kit's own grammar (`apr_trace`), no code of the
+traces with the references' own grammar (`apr_trace`), no code of the
 engine's: the yardstick of the engine's lifecycle must not share its
 slips. Sub-searches run as with ``--disable_parallel_inference`` (no
 result lost to two identical prompts).
@@ -15,8 +15,8 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-from sequence_hooks_testkit.formats import apr_trace
-from sequence_hooks_testkit.formats.driver import Calls, drive, together
+from sequence_hooks_references.formats import apr_trace
+from sequence_hooks_references.formats.driver import Calls, drive, together
 
 
 @dataclass(frozen=True)

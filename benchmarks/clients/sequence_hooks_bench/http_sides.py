@@ -31,17 +31,17 @@ from typing import Optional
 import aiohttp
 import psutil
 
-from sequence_hooks_testkit.bench.client_join import JoinTask
-from sequence_hooks_testkit.bench.client_join_http import (HttpSender,
-                                                           stream_completion)
-from sequence_hooks_testkit.bench.runs import add_engine_options
+from sequence_hooks_bench.runs import add_engine_options
+from sequence_hooks_references.client_join import JoinTask
+from sequence_hooks_references.client_join_http import (HttpSender,
+                                                        stream_completion)
 from sequence_hooks_testkit.server import (free_port, spawn_logged,
                                            stop_server, wait_healthy)
-from sequence_hooks_testkit.training import capitals_task, prepare_base_model
 from sequence_hooks_testkit.v1_server import (SPECIAL_KWARGS, metric_totals,
                                               metrics)
+from sequence_hooks_training import capitals_task, prepare_base_model
 
-# The checkout (the test kit is installed editable, never shipped).
+# The checkout (the benchmark clients are installed editable, never shipped).
 ROOT = Path(__file__).resolve().parents[3]
 STARTUP_SECONDS = 900
 MAX_TOKENS = 256
@@ -496,7 +496,7 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     """The servers' options, shared by the V1 benchmarks over HTTP."""
     add_engine_options(
         parser, "the promise model's folder (default: the merged checkpoint "
-        "the test kit's training.prepare_base_model makes)")
+        "sequence_hooks_training.prepare_base_model makes)")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--kv-space-gib",
                         type=int,
