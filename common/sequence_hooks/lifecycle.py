@@ -41,7 +41,7 @@ from sequence_hooks.counts import HookCounts
 from sequence_hooks.formats import FormatSetting, format_named
 from sequence_hooks.members import Member, TreeRecord
 from sequence_hooks.special_kwargs import SpecialKwargs
-from sequence_hooks.texts import TokenizerTexts, Texts, without_hook_tokens
+from sequence_hooks.texts import Texts, TokenizerTexts, without_hook_tokens
 from sequence_hooks.tree import LiveNode, LiveTree
 
 
