@@ -98,15 +98,12 @@ class ForkJoinPolicy(FormatPolicy):
                  fork_join_format: ForkJoinFormat) -> None:
         super().__init__(coordinator)
         self.format = fork_join_format
+        # The format's trigger.
+        self.forking_token_id = fork_join_format.trigger_id
         # Per forking root, the controller's steps so far.
         self._steps: dict[str, int] = {}
         # Per parked root, its whole token ids at the fork.
         self._contexts: dict[str, tuple[int, ...]] = {}
-
-    @property
-    def forking_token_id(self) -> int:
-        """The format's trigger."""
-        return self.format.trigger_id
 
     def sampled(self, member_id: str, token_ids: Sequence[int],
                 params: Callable[[], RequestParams],

@@ -86,14 +86,9 @@ class FormatPolicy:
 
     def finished(self, member_id: str, reason: str,
                  result: MemberResult) -> list[Action]:
-        """A member of a live tree finished (`Coordinator.end` records
-        it; a format whose members make several calls decides here
-        whether this is its end).
-
-        Args:
-            member_id: The member.
-            reason: "stop", "length" or the engine's other reasons.
-            result: What it produced.
+        """A member of a live tree finished (`Coordinator.finished`): by
+        default its end, which `Coordinator.end` records; a format whose
+        members make several calls decides here whether this is its end.
 
         Returns:
             The actions to carry out, in order.

@@ -12,6 +12,7 @@ test can compare what the coordinator asked for with what the contract
 says.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Optional
 
@@ -49,6 +50,24 @@ class CharTokenizer:
             HOOK_STRINGS.get(token, "") if token < OFFSET else chr(token -
                                                                    OFFSET)
             for token in token_ids if token >= OFFSET or show_hooks)
+
+
+def piece_ids(text: str, pieces: Sequence[str],
+              table: Sequence[str]) -> list[int]:
+    """``text``'s ids, read left to right: the first of ``pieces`` that
+    starts there is one token, its index in ``table``; any other
+    character is ``OFFSET`` plus its code point. (``pieces`` longest
+    first makes the longest match win.)"""
+    ids, at = [], 0
+    while at < len(text):
+        piece = next((p for p in pieces if text.startswith(p, at)), None)
+        if piece is None:
+            ids.append(OFFSET + ord(text[at]))
+            at += 1
+        else:
+            ids.append(table.index(piece))
+            at += len(piece)
+    return ids
 
 
 def special_kwargs(**limits) -> SpecialKwargs:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import pytest
-from fake_engine import FakeLogprob
+from fake_engine import OFFSET, FakeLogprob, piece_ids
 
 from sequence_hooks.actions import (Abort, Action, Fork, MemberResult,
                                     ReportTree, RequestParams, Restart,
@@ -47,7 +47,6 @@ from sequence_hooks_testkit.formats.apr_scripts import (CALL, CHILD_0, CHILD_1,
 SPECIAL = ("<s>", "</s>")
 MERGED = ("<End Calling Sub Searches>", "<Calling Sub Searches>",
           "<End Sub Searches>", "<Sub Searches>", "]\n")
-OFFSET = 100
 BOS, EOS_TEXT = SPECIAL
 
 
@@ -69,17 +68,7 @@ class MergingTokenizer:
         return OFFSET + 0x250
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list:
-        ids, at = [], 0
-        while at < len(text):
-            piece = next((p for p in self.pieces if text.startswith(p, at)),
-                         None)
-            if piece is None:
-                ids.append(OFFSET + ord(text[at]))
-                at += 1
-            else:
-                ids.append((SPECIAL + MERGED).index(piece))
-                at += len(piece)
-        return ids
+        return piece_ids(text, self.pieces, SPECIAL + MERGED)
 
     def convert_ids_to_tokens(self, ids: list) -> list:
         return [self._piece(i) for i in ids]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import pytest
+from fake_engine import OFFSET, piece_ids
 
 from sequence_hooks.actions import (Action, Conclude, Fork, MemberResult, Park,
                                     ReportTree, RequestParams, Restart,
@@ -35,7 +36,6 @@ TAGS = ("<Think>", "</Think>", "<Parallel>", "</Parallel>", "<Outlines>",
         "</Outlines>", "<Outline>", "</Outline>", "<Thread>", "</Thread>",
         "<Conclusion>", "</Conclusion>", "<eos>")
 MERGED = (":\n", )
-OFFSET = 100
 
 
 class MergingTokenizer:
@@ -45,17 +45,8 @@ class MergingTokenizer:
     eos_token_id = TAGS.index("<eos>")
 
     def encode(self, text: str, **_) -> list[int]:
-        pieces = sorted(TAGS + MERGED, key=len, reverse=True)
-        ids, at = [], 0
-        while at < len(text):
-            piece = next((p for p in pieces if text.startswith(p, at)), None)
-            if piece is None:
-                ids.append(OFFSET + ord(text[at]))
-                at += 1
-            else:
-                ids.append((TAGS + MERGED).index(piece))
-                at += len(piece)
-        return ids
+        return piece_ids(text, sorted(TAGS + MERGED, key=len, reverse=True),
+                         TAGS + MERGED)
 
     def decode(self, token_ids: list[int], **_) -> str:
         return "".join((TAGS + MERGED)[t] if t < OFFSET else chr(t - OFFSET)

@@ -264,3 +264,27 @@ class BatchQueueDriver:
                 tree = (out.kv_transfer_params or {}).get("promise_tree")
                 if tree is not None:
                     self.trees[out.request_id] = tree
+
+
+def run_greedy(scheduler, next_token: Callable[[list[int]], int],
+               request: Request) -> BatchQueueDriver:
+    """Drives ``request`` on ``scheduler`` without async scheduling to its
+    end, each sampled token ``next_token`` of the whole context of the
+    request it is for (a scripted greedy model); then asserts that no
+    request is left and every block but the pool's null block is free.
+
+    Returns:
+        The driver, run.
+    """
+
+    def sample(request_id: str, position: int) -> int:
+        # Without async scheduling, a request's context is all its tokens.
+        return next_token(scheduler.requests[request_id].all_token_ids)
+
+    driver = BatchQueueDriver(scheduler, sample, depth=1)
+    driver.add(request)
+    driver.run()
+    assert scheduler.requests == {}
+    pool = scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+    return driver

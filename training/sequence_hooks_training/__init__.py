@@ -15,7 +15,8 @@ Modules:
   sequential forms, scoring);
 - `threadweaver_task` (models/threadweaver-toy's task in ThreadWeaver's
   format, its tokenizer and its training pieces) and `apr_task`
-  (models/apr-toy's Countdown searches in APR's trace format);
+  (models/apr-toy's Countdown searches in APR's trace format), and
+  `toy_tokenizer` (what their tokenizers share);
 - `loop` (the toy models' training loop and the format toys' packed
   runs).
 

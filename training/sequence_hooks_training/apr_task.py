@@ -45,11 +45,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models,
-                        pre_tokenizers)
+from tokenizers import AddedToken
 from transformers import PreTrainedTokenizerFast
 
-BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
+from sequence_hooks_training.toy_tokenizer import (BOS, EOS, PAD, UNK,
+                                                   word_level, wrapped)
+
 # The generator's side of the format (search.py); the controller's side
 # reads it (`sequence_hooks.formats.apr`). Kept apart so that training needs no
 # engine package.
@@ -99,23 +100,14 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     join.
     """
     chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    vocab = {t: i for i, t in enumerate([UNK, BOS, EOS, PAD] + chars)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"),
-                                                 behavior="isolated")
-    backend.decoder = decoders.Fuse()
+    backend = word_level(chars, r"[\s\S]")
     backend.add_special_tokens([
         AddedToken(t, special=True, normalized=False)
         for t in (UNK, BOS, EOS, PAD)
     ])
     backend.add_tokens(
         [AddedToken(p, normalized=False, special=False) for p in PHRASES])
-    return PreTrainedTokenizerFast(tokenizer_object=backend,
-                                   bos_token=BOS,
-                                   eos_token=EOS,
-                                   unk_token=UNK,
-                                   pad_token=PAD,
-                                   clean_up_tokenization_spaces=False)
+    return wrapped(backend)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,6 @@ import random
 import re
 from dataclasses import dataclass
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 # yapf conflicts with isort for this import
@@ -51,10 +50,9 @@ from sequence_hooks_testkit.formats.threadweaver_format import (CLOSURE,
                                                                 first_header,
                                                                 later_header,
                                                                 outline_labels)
-
 # yapf: enable
+from sequence_hooks_training.toy_tokenizer import EOS, word_level, wrapped
 
-BOS, EOS, UNK, PAD = "<s>", "</s>", "<unk>", "<pad>"
 # ThreadWeaver's added special tokens (threadweaver_sft/src/utils.py,
 # add_and_init_special_tokens), in its order.
 FORMAT_TOKENS = [
@@ -78,18 +76,8 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     """The toy's tokenizer: one token per word, digit, white-space
     character and sign (a lossless round trip), ThreadWeaver's tags as
     special tokens."""
-    vocab = {t: i for i, t in enumerate([UNK, BOS, EOS, PAD] + PIECES)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(SPLIT),
-                                                 behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=backend,
-                                   bos_token=BOS,
-                                   eos_token=EOS,
-                                   unk_token=UNK,
-                                   pad_token=PAD,
-                                   additional_special_tokens=FORMAT_TOKENS,
-                                   clean_up_tokenization_spaces=False)
+    return wrapped(word_level(PIECES, SPLIT),
+                   additional_special_tokens=FORMAT_TOKENS)
 
 
 @dataclass(frozen=True)

@@ -18,25 +18,18 @@ calls give them.
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from sequence_hooks_testkit.formats.sides import (REFERENCES, TESTKIT, run,
+                                                  toy_prompts)
 from sequence_hooks_testkit.formats.toy_server import choices, toy_server
 from sequence_hooks_training import threadweaver_task as task_mod
 
-# The two runners' packages: the controllers' (a client of stock vLLM)
-# and the in-engine formats'.
-REFERENCES = "sequence_hooks_references.formats."
-TESTKIT = "sequence_hooks_testkit.formats."
 MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
 TOKENIZER = task_mod.build_tokenizer()
-PROMPTS = [
-    json.loads(line)["prompt"]
-    for line in (MODEL / "prompts.jsonl").read_text().splitlines()
-][:8]
+PROMPTS = toy_prompts(MODEL)[:8]
 # The cases, each on both sides: the controller's settings and sampling,
 # and the engine's budget (None: the window). "no budget" asks for the
 # sampled tokens' logprobs, which the tree must carry as the controller's
@@ -68,25 +61,11 @@ CHAT_TEMPLATE = "{{ messages[0]['content'] }}"
 LOGPROB_TOLERANCE = 1e-3
 
 
-def run(module: str, args: list, cases: list, folder: Path) -> dict:
-    (folder / "cases.json").write_text(json.dumps(cases))
-    subprocess.run([
-        sys.executable, "-m", module,
-        str(MODEL), *args, folder / "cases.json", folder / "out.json"
-    ],
-                   check=True,
-                   timeout=1200)
-    return {
-        case["name"]: case
-        for case in json.loads((folder / "out.json").read_text())
-    }
-
-
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory) -> tuple[dict, dict]:
     """Each case on both sides: the controller's rollouts, the engine's
     answers."""
-    controller = run(REFERENCES + "run_threadweaver", [],
+    controller = run(REFERENCES + "run_threadweaver", MODEL, [],
                      [{
                          "name": name,
                          "prompts": PROMPTS,
@@ -98,7 +77,7 @@ def answers(tmp_path_factory) -> tuple[dict, dict]:
                          "n": sampling.get("n", 1)
                      } for name, (settings, sampling, _) in CASES.items()],
                      tmp_path_factory.mktemp("controller"))
-    engine = run(TESTKIT + "run_in_engine", ["threadweaver"],
+    engine = run(TESTKIT + "run_in_engine", MODEL, ["threadweaver"],
                  [{
                      "name": name,
                      "prompts": PROMPTS,

@@ -14,53 +14,32 @@ calls and threads.
 """
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from sequence_hooks_testkit.formats.sides import (REFERENCES, TESTKIT, run,
+                                                  toy_prompts)
 from sequence_hooks_training import threadweaver_task as task_mod
 
-# The two runners' packages: the controllers' (a client of stock vLLM)
-# and the in-engine formats'.
-REFERENCES = "sequence_hooks_references.formats."
-TESTKIT = "sequence_hooks_testkit.formats."
 MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
 TOKENIZER = task_mod.build_tokenizer()
-PROMPTS = [
-    json.loads(line)["prompt"]
-    for line in (MODEL / "prompts.jsonl").read_text().splitlines()
-]
+PROMPTS = toy_prompts(MODEL)
 # Each case's budget a call (None: the window left).
 CASES = {"no budget": None, "budget 40": 40}
-
-
-def run(module: str, args: list, cases: list, folder: Path) -> dict:
-    (folder / "cases.json").write_text(json.dumps(cases))
-    subprocess.run([
-        sys.executable, "-m", module,
-        str(MODEL), *args, folder / "cases.json", folder / "out.json"
-    ],
-                   check=True,
-                   timeout=1200)
-    return {
-        case["name"]: case
-        for case in json.loads((folder / "out.json").read_text())
-    }
 
 
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory) -> tuple[dict, dict]:
     """Each case on both sides: the controller's answers, the engine's."""
-    controller = run(REFERENCES + "run_threadweaver_simple_eval", [],
+    controller = run(REFERENCES + "run_threadweaver_simple_eval", MODEL, [],
                      [{
                          "name": name,
                          "prompts": PROMPTS,
                          "max_new_tokens": budget
                      } for name, budget in CASES.items()],
                      tmp_path_factory.mktemp("eval"))
-    engine = run(TESTKIT + "run_in_engine", [
+    engine = run(TESTKIT + "run_in_engine", MODEL, [
         "threadweaver", "--format-options",
         json.dumps({"controller": "simple_eval"})
     ], [{

@@ -30,7 +30,7 @@ from sequence_hooks_testkit.formats.threadweaver_toy import (CLOSE_THREAD, EOS,
                                                              PROMPT, TOKENIZER)
 from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
                                                    make_request,
-                                                   make_scheduler)
+                                                   make_scheduler, run_greedy)
 
 # Ends a script with EOS.
 END = "|end|"
@@ -142,18 +142,8 @@ def in_engine(model: ScriptedModel,
                                    **(special_kwargs or {})
                                },
                                max_model_len=WINDOW)
-
-    def sample(request_id: str, position: int) -> int:
-        # Without async scheduling, a request's context is all its tokens.
-        return model.next_token(scheduler.requests[request_id].all_token_ids)
-
-    driver = BatchQueueDriver(scheduler, sample, depth=1)
-    driver.add(make_request(scheduler, "r0", PROMPT, max_tokens, EOS))
-    driver.run()
-    assert scheduler.requests == {}
-    pool = scheduler.kv_cache_manager.block_pool
-    assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
-    return driver
+    return run_greedy(scheduler, model.next_token,
+                      make_request(scheduler, "r0", PROMPT, max_tokens, EOS))
 
 
 @pytest.mark.parametrize("budget", [None, 60], ids=["window", "budget 60"])

@@ -24,7 +24,7 @@ from sequence_hooks_testkit.formats.threadweaver_toy import (EOS, MODEL,
                                                              PROMPT, TOKENIZER)
 from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
                                                    make_request,
-                                                   make_scheduler)
+                                                   make_scheduler, run_greedy)
 
 WINDOW = 256
 PROMPT_TEXT = TOKENIZER.decode(PROMPT)
@@ -83,20 +83,10 @@ def in_engine(model: scripts.ScriptedModel,
                                    }
                                },
                                max_model_len=WINDOW)
-
-    def sample(request_id: str, position: int) -> int:
-        # Without async scheduling, a request's context is all its tokens.
-        return model.next_token(scheduler.requests[request_id].all_token_ids)
-
-    driver = BatchQueueDriver(scheduler, sample, depth=1)
-    driver.add(
+    return run_greedy(
+        scheduler, model.next_token,
         make_request(scheduler, "r0", PROMPT, max_tokens
                      or WINDOW - len(PROMPT), EOS))
-    driver.run()
-    assert scheduler.requests == {}
-    pool = scheduler.kv_cache_manager.block_pool
-    assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
-    return driver
 
 
 @pytest.mark.parametrize("budget", [None, 40], ids=["window", "budget 40"])

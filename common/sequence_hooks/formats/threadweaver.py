@@ -329,15 +329,12 @@ class SimpleEvalPolicy(FormatPolicy):
                  eval_format: SimpleEvalFormat) -> None:
         super().__init__(coordinator)
         self.format = eval_format
+        # `</Outlines>`.
+        self.forking_token_id = eval_format.trigger_id
         # Per root that has made a call anew, that call.
         self._calls: dict[str, _Call] = {}
         # Per parked root, its outlines.
         self._outlines: dict[str, _Outlines] = {}
-
-    @property
-    def forking_token_id(self) -> int:
-        """`</Outlines>`."""
-        return self.format.trigger_id
 
     def sampled(self, member_id: str, token_ids: Sequence[int],
                 params: Callable[[], RequestParams],

@@ -285,6 +285,10 @@ def threadweaver_cases() -> list[dict[str, Any]]:
     rounds = "".join(
         OUTLINES.replace("<Parallel>\n", "") + f"\nr{i} " for i in range(3))
     short = {"1": " t1</Thread>", "2": " t2</Thread>"}
+    # Three rounds of outlines, each cut by one limit.
+    limits = [("the step limit after a join", dict(max_iterations=4)),
+              ("the step limit at outlines", dict(max_iterations=5)),
+              ("the response budget", dict(response_length=95))]
     return [
         threadweaver_case("several outlines",
                           OUTLINES + "\n</Parallel>\nA: 24<eos>", CLOSING),
@@ -319,21 +323,9 @@ def threadweaver_cases() -> list[dict[str, Any]]:
         threadweaver_case(
             "two rounds", OUTLINES + "\nmid " +
             OUTLINES.replace("<Parallel>\n", "") + "\nend<eos>", short),
-        threadweaver_case("the step limit after a join",
-                          rounds + "end<eos>",
-                          short,
-                          window=400,
-                          settings={"max_iterations": 4}),
-        threadweaver_case("the step limit at outlines",
-                          rounds + "end<eos>",
-                          short,
-                          window=400,
-                          settings={"max_iterations": 5}),
-        threadweaver_case("the response budget",
-                          rounds + "end<eos>",
-                          short,
-                          window=400,
-                          settings={"response_length": 95}),
+        *(threadweaver_case(
+            name, rounds + "end<eos>", short, window=400, settings=settings)
+          for name, settings in limits),
         threadweaver_case("the conclusion variant",
                           OUTLINES + "\n<Conclusion>\nA: 24\n</Conclusion>"
                           "\n</Parallel><eos>",

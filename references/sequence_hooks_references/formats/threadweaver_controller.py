@@ -105,6 +105,7 @@ class Rollout:
     logprobs: list[Optional[float]] = field(default_factory=list)
 
 
+@dataclass
 class ThreadWeaverController:
     """ThreadWeaver's controller for one tokenizer and its settings.
 
@@ -121,23 +122,18 @@ class ThreadWeaverController:
             below the backend's.
     """
 
-    def __init__(self,
-                 tokenizer,
-                 no_conclusion: bool = True,
-                 response_length: Optional[int] = None,
-                 max_tokens: Optional[int] = None,
-                 max_iterations: int = MAX_ITERATIONS,
-                 max_model_len: Optional[int] = None):
-        self.tokenizer = tokenizer
-        self.no_conclusion = no_conclusion
-        self.response_length = response_length
-        self.max_tokens = max_tokens
-        self.max_iterations = max_iterations
-        self.max_model_len = max_model_len
+    tokenizer: Any
+    no_conclusion: bool = True
+    response_length: Optional[int] = None
+    max_tokens: Optional[int] = None
+    max_iterations: int = MAX_ITERATIONS
+    max_model_len: Optional[int] = None
+
+    def __post_init__(self):
         self.outlines_id = self._single(OUTLINES)
         self.outlines_end_id = self._single(OUTLINES_END)
         self.thread_end_id = self._single(THREAD_END)
-        self.eos_id = tokenizer.eos_token_id
+        self.eos_id = self.tokenizer.eos_token_id
         if self.eos_id is None:
             raise ValueError("the tokenizer has no eos_token_id")
 

@@ -7,6 +7,8 @@ tests run and script (the controllers themselves are the references',
 Modules:
 - `run_in_engine`: a format's cases run in the hooked V1 engine, in a
   process of its own (the in-engine side of the controllers' runners);
+- `sides`: a toy's cases run on both sides, each runner in a process of
+  its own;
 - `toy_server`: a hooked or stock `vllm serve` of a format toy model;
 - `threadweaver_toy`: models/threadweaver-toy as the model-free tests
   read it (tokenizer, ids, a prompt);
