@@ -27,7 +27,10 @@ the two share:
   call and the children's results (`joined_trace`).
 - Anything else ends the member; a root's output is its final trace after
   its prompt, held back until then (`StartTree.holds_output`), since a
-  cut rewrites text already sampled.
+  cut rewrites text already sampled. So does a call the reference gives
+  up on (any error reading it), and a call its search made before (a
+  join that cut back into text it had sent): the reference would repeat
+  it forever under greedy decoding.
 
 Each node's tokens in the tree are its trace re-tokenized, with the
 logprobs its calls sampled them with where the ids agree
@@ -54,8 +57,6 @@ CALL, CALL_END = "<Calling Sub Searches>\n", "<End Calling Sub Searches>"
 # Never the model's to write: the controller writes CALLING in its place.
 SUB_SEARCHES, CALLING = "<Sub Searches>", "<Calling Sub Searches>"
 GOAL = "Goal Reached"
-# What reading a malformed call raises (the reference gives up on it).
-MALFORMED = (KeyError, IndexError, ValueError, SyntaxError)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ def _nodes(trace: str) -> dict[str, Node]:
         if "Moving to Node #" in line and "Current State:" in following:
             node_id = line.split("Moving to Node #")[1].strip()
             state = following.split("Current State:")[1].split("],")[0]
-            target, nums = state.strip().split(":", 1)
+            # The numbers up to a second colon, as the reference reads them.
+            target, nums = state.strip().split(":")[:2]
             nodes[node_id] = Node(
                 f"#{node_id}", int(target),
                 ast.literal_eval(nums.strip() + "]"),
@@ -118,7 +120,7 @@ def _nodes(trace: str) -> dict[str, Node]:
         rest = line.split(":", 1)[1].strip()
         state, operation = (part.strip()
                             for part in rest.split("Operation:")[:2])
-        target, nums = state.split(":", 1)
+        target, nums = state.split(":")[:2]
         parent = nodes[",".join(node_id.split(",")[:-1])]
         nodes[node_id] = Node(f"#{node_id}", int(target),
                               ast.literal_eval(nums.strip()),
@@ -132,8 +134,9 @@ def sub_searches(trace: str) -> list[Node]:
 
     Raises:
         ValueError: the trace calls no sub-searches.
-        KeyError, IndexError, ValueError, SyntaxError: a listed node the
-            trace does not describe, or a malformed state (`MALFORMED`).
+        Exception: a listed node the trace does not describe, or a
+            malformed state (any error of reading it: `KeyError`,
+            `SyntaxError`, `TypeError` for `Operations: None`...).
     """
     if not calls_sub_searches(trace):
         raise ValueError("the trace calls no sub-searches")
@@ -287,6 +290,8 @@ class APRPolicy(FormatPolicy):
         self._searches: dict[str, _Search] = {}
         # Per root: its prompt's text as the controller's prefix, and ids.
         self._prompts: dict[str, tuple[str, list[int]]] = {}
+        # Per root: the traces its calls of sub-searches ended with.
+        self._called: dict[str, set[str]] = {}
         # Tokens whose text may end the controller's stop string.
         self._closing = apr_format.closing
 
@@ -333,7 +338,15 @@ class APRPolicy(FormatPolicy):
         if call is None or token_ids[-1] not in self._closing:
             return []
         sampled = list(token_ids[call.start:])
-        tail = self.format.decode(sampled[-len(SUB_SEARCHES):])
+        # Text enough to hold the stop string ending in the last token;
+        # more tokens while some have none (special tokens, skipped as
+        # the controller's server skips them, inside the stop string).
+        wanted = len(SUB_SEARCHES) + len(self.format.decode(sampled[-1:])) - 1
+        count = len(SUB_SEARCHES)
+        tail = self.format.decode(sampled[-count:])
+        while len(tail) < wanted and count < len(sampled):
+            count *= 2
+            tail = self.format.decode(sampled[-count:])
         if SUB_SEARCHES not in tail:
             return []
         text = self.format.decode(sampled)
@@ -362,9 +375,10 @@ class APRPolicy(FormatPolicy):
             result: The call's sampled tokens and their text.
 
         Returns:
-            The children's `Fork`s, or the root's `Restart` (no child
-            listed), or the promise/sync lifecycle's actions at an end
-            (a root's `ReportTree` with its output).
+            The children's `Fork`s, or the member's `Restart` (a root's
+            call listing no child, or a call whose last token completed
+            `<Sub Searches>`), or the promise/sync lifecycle's actions at
+            an end (a root's `ReportTree` with its output).
         """
         call = self._calls.pop(member_id, None)
         member = self.coordinator.member(member_id)
@@ -372,25 +386,48 @@ class APRPolicy(FormatPolicy):
             return []
         text = (result.text if result.text is not None else self.format.decode(
             list(result.token_ids)))
+        ids = list(result.token_ids)
+        tokens = call.prompt.sampled(ids, result.logprobs)
+        if SUB_SEARCHES in text:
+            # Its last token completed the stop string (no `sampled` event
+            # comes for a token that ends the call, at its budget): the
+            # controller's server reports the stop, the controller
+            # rewrites it.
+            return self._restart(
+                member_id,
+                call_trace(self.format.bos_token, call.prefix,
+                           text[:text.index(SUB_SEARCHES)]) + CALLING, tokens)
         trace = ended_trace(
             call_trace(self.format.bos_token, call.prefix, text))
         # The stop id that ended the call (EOS) ends the output too, as a
         # stock request's does (the frontend does not detokenize it).
-        ids = list(result.token_ids)
-        tokens = call.prompt.sampled(ids, result.logprobs)
         stop = tuple(ids[-1:]) if reason == "stop" and ids and (
             ids[-1] == self.format.eos_token_id) else ()
         if member.node.parent is None and calls_sub_searches(trace):
-            try:
-                nodes = sub_searches(trace)
-            except MALFORMED:
-                # The reference gives up on the search, with this trace.
+            called = self._called.setdefault(member_id, set())
+            if trace in called:
+                # The same call again (its join cut back into what it had
+                # sent): the reference would make the same calls forever
+                # under greedy decoding. The search ends here, with its
+                # trace.
                 return self._end(member, reason, trace, tokens, stop)
-            return self._call(member, trace, nodes, tokens)
+            called.add(trace)
+            try:
+                # The reference's `get_subsearch_info`: the nodes and
+                # their prompts.
+                nodes = sub_searches(trace)
+                budget = child_budget(self.format.budget, len(nodes),
+                                      self.format.avg_sub_call)
+                prefixes = [node.prefix(budget) for node in nodes]
+            except Exception:
+                # The reference's `call_search` gives up on the search,
+                # with this trace, whatever reading the call raised.
+                return self._end(member, reason, trace, tokens, stop)
+            return self._call(member, trace, nodes, prefixes, tokens)
         return self._end(member, reason, trace, tokens, stop)
 
     def _call(self, member: Member, trace: str, nodes: list[Node],
-              tokens: CallTokens) -> list[Action]:
+              prefixes: list[str], tokens: CallTokens) -> list[Action]:
         """Forks a root's sub-searches, each from its fresh prompt."""
         root_id = member.node.request_id
         coordinator = self.coordinator
@@ -399,11 +436,8 @@ class APRPolicy(FormatPolicy):
         member.tree.state.num_refused += max(len(nodes) - limit, 0)
         self._searches[root_id] = _Search(trace, nodes, tokens)
         at = self._own_length(root_id, cut_trace(trace))
-        budget = child_budget(self.format.budget, len(nodes),
-                              self.format.avg_sub_call)
         actions: list[Action] = []
-        for node in nodes[:limit]:
-            prefix = node.prefix(budget)
+        for node, prefix in zip(nodes[:limit], prefixes):
             prompt = tuple(self.format.prompt_ids(prefix))
             # Each call has the request's budget and seed.
             fork = coordinator.fork(member,
@@ -496,6 +530,7 @@ class APRPolicy(FormatPolicy):
             self._calls.pop(member_id, None)
         self._searches.pop(root_id, None)
         self._prompts.pop(root_id, None)
+        self._called.pop(root_id, None)
 
 
 def _policy(coordinator: Coordinator, setting: FormatSetting) -> APRPolicy:
