@@ -98,6 +98,19 @@ class Served:
         }
 
 
+def refused_asks(tokenizer, plain: Any) -> list[Ask]:
+    """What every format's server refuses with its reason: an empty
+    prompt, a bias toward a token outside the vocabulary."""
+    return [
+        Ask("an empty prompt", "", refused="non-empty"),
+        Ask("a bias out of the vocabulary",
+            plain, {"logit_bias": {
+                str(len(tokenizer) + 5): 1
+            }},
+            refused="out-of-vocab"),
+    ]
+
+
 def tw_asks(tokenizer) -> list[Ask]:
     """ThreadWeaver's odd requests, from the toy's first held-out prompt
     (``"1: 24 ; 11: 784 854 549 480 734\\n"``: one outline a group)."""
@@ -160,12 +173,7 @@ def tw_asks(tokenizer) -> list[Ask]:
             "n": 2
         }),
         Ask("stop strings", plain, {"stop": ["\n\n", ":"]}),
-        Ask("an empty prompt", "", refused="non-empty"),
-        Ask("a bias out of the vocabulary",
-            plain, {"logit_bias": {
-                str(len(tokenizer) + 5): 1
-            }},
-            refused="out-of-vocab"),
+        *refused_asks(tokenizer, plain),
     ]
 
 
@@ -233,12 +241,7 @@ def apr_asks(tokenizer) -> list[Ask]:
         Ask("a budget of one", plain, {"max_tokens": 1}),
         Ask("a budget of three", plain, {"max_tokens": 3}),
         Ask("stop strings", plain, {"stop": ["Operation", "\n\n"]}),
-        Ask("an empty prompt", "", refused="non-empty"),
-        Ask("a bias out of the vocabulary",
-            plain, {"logit_bias": {
-                str(len(tokenizer) + 5): 1
-            }},
-            refused="out-of-vocab"),
+        *refused_asks(tokenizer, plain),
     ]
 
 
