@@ -336,7 +336,8 @@ class SequenceHooks:
         actions = self.coordinator.sampled(
             request_id, request.all_token_ids, lambda: RequestParams.of(
                 request.num_prompt_tokens, request.max_tokens, params),
-            self.members.kept_logprobs(request_id))
+            None if record is None or record.logprobs is None else
+            record.logprobs.entries)
         if actions:
             # Most tokens are no event: no call on the hot path.
             self.carrier.carry_out(actions, step)
