@@ -12,8 +12,8 @@ what it reads comes with the events.
   at a root's first promise) and `MemberResult` (what a finished member
   produced).
 - What the coordinator asks for: `StartTree`, `Fork`, `Park`, `Resume`,
-  `Conclude`, `Restart`, `Abort`, `ReportTree`, each carried out in the
-  order given.
+  `Splice`, `Conclude`, `Restart`, `Abort`, `ReportTree`, each carried
+  out in the order given.
 """
 
 import hashlib
@@ -157,6 +157,11 @@ class Fork:
     # ``context_tokens`` are its whole context, a fresh prompt sharing
     # nothing with its parent (APR's sub-searches).
     fresh: bool = False
+    # ``(k, shift)``: from ``context_tokens[k]`` on, its tokens' positions
+    # are their parent's scheme shifted by ``shift`` (a path that starts
+    # where its siblings do, as NPR and Multiverse train); None: they
+    # follow on.
+    position_shift: Optional[tuple[int, int]] = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +185,35 @@ class Resume:
     # that re-creates it at a resume, `Coordinator.reseeds_on_resume`);
     # None: keep it.
     seed: Optional[int]
+
+
+@dataclass(frozen=True)
+class SplicedPath:
+    """A finished child whose computed tokens a `Splice` reuses."""
+
+    member_id: str
+    # The range of its whole token ids (its context's included) that
+    # joins, by index; every one is computed.
+    start: int
+    end: int
+    # The index of its closing tag: what follows the join is positioned
+    # one past the highest closing tag's position.
+    anchor: int
+
+
+@dataclass(frozen=True)
+class Splice:
+    """Join a parked member's paths by their KV: its context continues
+    with each path's tokens (`SplicedPath`), in order, computing none of
+    them, each at the positions it had in its path, then with
+    ``closing_token_ids``, the only tokens computed, positioned one past
+    the highest path anchor's. The paths' requests end here."""
+
+    member_id: str
+    paths: tuple[SplicedPath, ...]
+    closing_token_ids: tuple[int, ...]
+    # The logprob each joined token gets where logprobs are reported.
+    token_logprob: float
 
 
 @dataclass(frozen=True)
@@ -235,5 +269,5 @@ class ReportTree:
     output_token_ids: Optional[tuple[int, ...]] = None
 
 
-Action = Union[StartTree, Fork, Park, Resume, Conclude, Restart, Abort,
+Action = Union[StartTree, Fork, Park, Resume, Splice, Conclude, Restart, Abort,
                ReportTree]

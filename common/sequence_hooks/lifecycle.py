@@ -394,7 +394,8 @@ class Coordinator:
              max_tokens: Optional[int],
              stop_token_ids: tuple[int, ...] = (),
              label: Optional[str] = None,
-             fresh: bool = False) -> Fork:
+             fresh: bool = False,
+             position_shift: Optional[tuple[int, int]] = None) -> Fork:
         """Records a child of ``member`` forked at ``length``.
 
         Args:
@@ -407,6 +408,7 @@ class Coordinator:
             stop_token_ids: Where it stops besides its request's stop ids.
             label: Its label in the tree.
             fresh: Its context is ``context_tokens`` alone.
+            position_shift: Its positions' shift (`Fork.position_shift`).
 
         Returns:
             The child's `Fork`.
@@ -422,7 +424,8 @@ class Coordinator:
                     stop=request.stop,
                     stop_token_ids=stop_token_ids,
                     label=label,
-                    fresh=fresh)
+                    fresh=fresh,
+                    position_shift=position_shift)
         child = tree.record_child(member.node, fork.request_id,
                                   length - member.start, label)
         start = len(context_tokens) if fresh else length + len(context_tokens)

@@ -41,15 +41,7 @@ def test_every_form_reads_as_the_same_configuration(given):
     ({
         "format": "threads"
     }, "unknown format 'threads' \\(known: promise_sync, threadweaver, apr, "
-     "multiverse, npr\\)"),
-    ({
-        "format": "multiverse"
-    }, "format 'multiverse': its model is trained for a join that reuses "
-     "the children's KV cache with per-path positions"),
-    ({
-        "format": "npr",
-        **FIELDS
-    }, "format 'npr': its model is trained for a join that reuses"),
+     "npr, multiverse\\)"),
     ({
         "format": "threadweaver",
         "sync_token": "<sync>"
@@ -91,7 +83,7 @@ def test_every_form_reads_as_the_same_configuration(given):
 ],
                          ids=[
                              "unknown-key", "bad-json", "no-promise", "list",
-                             "unknown-format", "multiverse", "npr",
+                             "unknown-format",
                              "format-mixed-with-promise-sync",
                              "unknown-tag-role", "tags-without-format",
                              "options-apr-does-not-take",

@@ -11,19 +11,21 @@ the end in the step (`step.End`), which the hooks report: carrying out an
 action never feeds the coordinator an event.
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from vllm_sequence_hooks.member_logprobs import MemberLogprobs
 from vllm_sequence_hooks.members import Members
 from vllm_sequence_hooks.parking import KvParking
 from vllm_sequence_hooks.restarts import (child_params, give_held_output,
                                           member_request, new_call)
+from vllm_sequence_hooks.splicing import Splicing
 from vllm_sequence_hooks.step import End, Step
 from vllm_sequence_hooks.stop_strings import StopStringCheck
 from vllm_sequence_hooks.transport import append_merged_tokens, attach_tree
 
 from sequence_hooks.actions import (Abort, Action, Conclude, Fork, Park,
-                                    ReportTree, Restart, Resume, StartTree)
+                                    ReportTree, Restart, Resume, Splice,
+                                    StartTree)
 from sequence_hooks.lifecycle import Coordinator
 from vllm.v1.engine import FinishReason
 from vllm.v1.request import RequestStatus
@@ -34,6 +36,7 @@ _CARRIERS = {
     Fork: "_fork",
     Park: "_park",
     Resume: "resume",
+    Splice: "_splice",
     Conclude: "_conclude",
     Restart: "_restart",
     Abort: "_abort",
@@ -56,12 +59,14 @@ class ActionCarrier:
             requests.
         restarts: Whether the format makes calls anew (roots then keep
             their request as their calls' template).
+        splicing: The splice joins' mechanics, if the format splices.
     """
 
     def __init__(self, scheduler: Any, members: Members, parking: KvParking,
                  coordinator: Coordinator, tokenizer: Any,
-                 end_requests: Callable[[Any, RequestStatus], Any],
-                 critical_path_first: bool, restarts: bool) -> None:
+                 end_requests: Callable[[Any, RequestStatus],
+                                        Any], critical_path_first: bool,
+                 restarts: bool, splicing: Optional[Splicing]) -> None:
         self.scheduler = scheduler
         self.members = members
         self.parking = parking
@@ -70,6 +75,7 @@ class ActionCarrier:
         self.end_requests = end_requests
         self.critical_path_first = critical_path_first
         self.restarts = restarts
+        self.splicing = splicing
 
     def carry_out(self, actions: list[Action], step: Step) -> None:
         """Carries out actions, in order.
@@ -115,6 +121,8 @@ class ActionCarrier:
         if child.stop:
             record.stop = StopStringCheck(self.tokenizer, request,
                                           len(context))
+        if child.position_shift is not None:
+            self.splicing.forked(request, parent, child.position_shift)
         record.fork = self.parking.queue_fork(request,
                                               parent,
                                               first=self.critical_path_first)
@@ -142,11 +150,30 @@ class ActionCarrier:
             append_merged_tokens(step.output_of(request), request, token_ids,
                                  resume.token_logprob)
 
+    def _splice(self, action: Splice, step: Step) -> None:
+        """Joins a parked member's paths by their KV (`splicing`); a
+        root's stream shows the joined tokens."""
+        member_id = action.member_id
+        request = self.scheduler.requests[member_id]
+        record = self.members.record(member_id)
+        token_ids = self.splicing.join(
+            request, action,
+            lambda appended: self.parking.resume(request, appended, False))
+        record.evicted = False
+        if record.logprobs is not None:
+            record.logprobs.merged(len(token_ids))
+        if not self.coordinator.is_child(member_id):
+            append_merged_tokens(step.output_of(request), request, token_ids,
+                                 action.token_logprob)
+
     def _conclude(self, action: Conclude, step: Step) -> None:
-        """Ends a format's root after its last join: the tokens go to its
-        output, uncomputed, and it finishes "stop" with its tree."""
+        """Ends a format's member after its last join: the tokens go to
+        its output, uncomputed, and it finishes "stop" (a root with its
+        tree; a path that splices keeps its blocks for its join)."""
         member_id, token_ids = action.member_id, list(action.token_ids)
         request = self.scheduler.requests[member_id]
+        if self.splicing is not None and self.coordinator.is_child(member_id):
+            self.splicing.retain(request, self.coordinator.root_of(member_id))
         start = self.coordinator.own_start(member_id)
         own = [*request.all_token_ids[start:], *token_ids]
         out = step.output_of(request)
@@ -207,6 +234,8 @@ class ActionCarrier:
                              action.tree.logprobs)
             record.holds_output = False
         step.ended.add(root_id)
+        if self.splicing is not None:
+            self.splicing.release_root(root_id)
         if out is not None:
             attach_tree(out, action.tree)
 

@@ -40,7 +40,9 @@ from vllm_sequence_hooks.config import (CAPABILITIES, CONFIG_KEY,
                                         hooked_settings, refuse_unservable,
                                         special_kwargs_of)
 from vllm_sequence_hooks.server_metrics import show_engine_core_metrics
+from vllm_sequence_hooks.splicing import use_splice_worker
 
+from sequence_hooks.formats import SPLICE, format_named
 from sequence_hooks.special_kwargs import (checked_special_kwargs, fields_of,
                                            refusal_reason)
 from vllm.config import VllmConfig
@@ -141,7 +143,9 @@ def check_hooks_config(vllm_config: VllmConfig) -> None:
     if CONFIG_KEY not in (vllm_config.additional_config or {}):
         return
     refuse_unservable(vllm_config)
-    special_kwargs_of(vllm_config)
+    special_kwargs = special_kwargs_of(vllm_config)
+    if SPLICE in format_named(special_kwargs.format).needs:
+        use_splice_worker(vllm_config)
 
 
 def _wrap(owner: type, name: str, make: Callable[[Callable],

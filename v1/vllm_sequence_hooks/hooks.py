@@ -24,11 +24,12 @@ from typing import Any, Callable, Optional
 from vllm_sequence_hooks.carry_out import ActionCarrier
 from vllm_sequence_hooks.members import Members
 from vllm_sequence_hooks.parking import KvParking
+from vllm_sequence_hooks.splicing import Splicing
 from vllm_sequence_hooks.step import End, Step
 from vllm_sequence_hooks.stop_strings import StopStringCheck, cut_at_stop
 
 from sequence_hooks.actions import RequestParams
-from sequence_hooks.formats import RESTART, format_named
+from sequence_hooks.formats import RESTART, SPLICE, format_named
 from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.metrics import SequenceHookMetrics
 from sequence_hooks.ordering import CriticalPathOrder, eviction_order
@@ -81,10 +82,13 @@ class SequenceHooks:
         self.restarts = RESTART in format_named(special_kwargs.format).needs
         self.members = Members()
         self.parking = KvParking(scheduler)
+        # The splice joins' mechanics, for a format that splices.
+        self.splicing = (Splicing(scheduler) if SPLICE in format_named(
+            special_kwargs.format).needs else None)
         self.carrier = ActionCarrier(scheduler, self.members, self.parking,
                                      self.coordinator, tokenizer, end_requests,
                                      special_kwargs.critical_path_first,
-                                     self.restarts)
+                                     self.restarts, self.splicing)
 
     # The scheduler's calls.
 
@@ -133,6 +137,8 @@ class SequenceHooks:
         while the format makes calls anew); the metrics exported."""
         if self.restarts:
             self.members.in_flight.scheduled(scheduler_output)
+        if self.splicing is not None:
+            self.splicing.scheduled(scheduler_output)
         self.export_metrics()
 
     def members_scheduled(
@@ -181,6 +187,8 @@ class SequenceHooks:
         if self.restarts:
             for request in self.members.landed(scheduler_output):
                 self.scheduler.add_request(request)
+        if self.splicing is not None:
+            self.splicing.landed(scheduler_output)
 
     def finishing(self, request_ids: list[str]) -> None:
         """Requests upstream's `finish_requests` ends (an abort from
@@ -195,6 +203,8 @@ class SequenceHooks:
                     and not self.coordinator.is_child(request_id)):
                 self.carrier.carry_out(self.coordinator.aborted(request_id),
                                        step)
+                if self.splicing is not None:
+                    self.splicing.release_root(request_id)
         self._settle(step)
 
     def added(self, request_id: str) -> None:
@@ -408,3 +418,5 @@ class SequenceHooks:
             if not coordinator.is_member(
                     request_id) or coordinator.is_finished(request_id):
                 self.members.drop(request_id)
+                if self.splicing is not None:
+                    self.splicing.forget(request_id)

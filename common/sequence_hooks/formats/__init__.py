@@ -38,7 +38,8 @@ ENTRY_POINT_GROUP = "sequence_hooks.formats"
 # The formats this package brings, each module's ``FORMAT``.
 BUILT_IN = ("sequence_hooks.formats.promise_sync",
             "sequence_hooks.formats.threadweaver",
-            "sequence_hooks.formats.apr")
+            "sequence_hooks.formats.apr", "sequence_hooks.formats.npr",
+            "sequence_hooks.formats.multiverse")
 
 # What an engine may carry out, beyond starting a tree, reporting it and
 # aborting its members, which every engine does: each capability by name,
@@ -51,6 +52,7 @@ RESTART = "restart"
 FRESH_CHILDREN = "fresh_children"
 HELD_OUTPUT = "held_output"
 ARRIVALS = "arrivals"
+SPLICE = "splice"
 ENGINE_CAPABILITIES = {
     FORK: ("a child on its parent's KV cache, its context the parent's "
            "whole one and a few tokens of the format's"),
@@ -68,15 +70,9 @@ ENGINE_CAPABILITIES = {
                   "given whole"),
     ARRIVALS:
     "every request reported at its arrival, its tree started there",
+    SPLICE: ("a join that reuses its paths' computed KV, each path at "
+             "positions of its own, and computes only the closing tokens"),
 }
-
-# Published formats no format module serves yet, and why (docs/formats.md).
-_KV_SPLICE = ("its model is trained for a join that reuses the children's "
-              "KV cache with per-path positions (every path from the fork's "
-              "position on, the conclusion after the longest path), which a "
-              "join that appends the children's tokens and prefills them "
-              "only approximates")
-UNSERVED = {"multiverse": _KV_SPLICE, "npr": _KV_SPLICE}
 
 
 @dataclass(frozen=True)
@@ -179,9 +175,6 @@ def register_format(fmt: Format) -> Format:
     known = _FORMATS.get(fmt.name)
     if known is not None and known is not fmt:
         raise ValueError(f"format {fmt.name!r} is registered twice")
-    if fmt.name in UNSERVED:
-        raise ValueError(f"format {fmt.name!r} is a published format's "
-                         "name, served by this package once it can be")
     _FORMATS[fmt.name] = fmt
     return fmt
 
@@ -190,15 +183,12 @@ def format_named(name: str) -> Format:
     """The registered format ``name``.
 
     Raises:
-        ValueError: for a published format not served yet (its reason)
-            or an unknown one (the known ones named).
+        ValueError: for an unknown one (the known ones named).
     """
     _load()
     if name in _FORMATS:
         return _FORMATS[name]
-    if name in UNSERVED:
-        raise ValueError(f"format {name!r}: {UNSERVED[name]}")
-    known = ", ".join([*_FORMATS, *UNSERVED])
+    known = ", ".join(_FORMATS)
     raise ValueError(f"unknown format {name!r} (known: {known})")
 
 

@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""Multiverse's format (docs/formats.md), served in the layout its models
+were trained with (`sequence_hooks.splice_join`).
+
+A ``<Parallel>`` block's goal lists outlines (``<Outline>1: ...``); at
+`</Goal>` one path forks per outline label (the regex of Multiverse's
+engine), each with the header ``"<Path>\\n{label}:"``; a path ends at
+`</Path>`; the join splices the paths' KV and computes
+``"<Conclusion>\\n"``, after which the model writes the conclusion and
+closes the block. A path may open a block of its own (nesting).
+"""
+
+import re
+
+from sequence_hooks.formats import Format, FormatSetting
+from sequence_hooks.lifecycle import Coordinator
+from sequence_hooks.splice_join import NEEDS, SpliceFormat, SplicePolicy
+
+NAME = "multiverse"
+LABEL_PATTERN = re.compile(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:")
+# The tags the format reads, by role; each must be one token.
+TAGS = {
+    "goal_open": "<Goal>",
+    "trigger": "</Goal>",
+    "path_open": "<Path>",
+    "path_close": "</Path>",
+    "after_open": "<Conclusion>",
+}
+
+
+def _policy(coordinator: Coordinator, setting: FormatSetting) -> SplicePolicy:
+    return SplicePolicy(
+        coordinator,
+        SpliceFormat.for_tokenizer(NAME,
+                                   setting.tokenizer,
+                                   dict(setting.tags),
+                                   LABEL_PATTERN,
+                                   nests=True))
+
+
+FORMAT = Format(name=NAME,
+                policy=_policy,
+                needs=NEEDS,
+                tags=TAGS,
+                summary="a block's outlines fork paths, nested or not, "
+                "joined by their KV at Multiverse's trained positions")
