@@ -28,7 +28,7 @@ can).
   first path's tokens from the goal's closing tag on, then each later
   path's from its header on, then the format's after-tag (the only
   tokens computed); a path that ended otherwise (end of text, its
-  budget) ends the answer with the paths' text instead;
+  budget) ends the answer with the paths' text up to it instead;
 - a path forks blocks of its own if the format nests (Multiverse).
 """
 
@@ -279,9 +279,13 @@ class SplicePolicy(FormatPolicy):
                     Splice(member_id, tuple(paths), closing,
                            MERGED_TOKEN_LOGPROB)
                 ]
+        # As one decoding of the paths in turn would end: with the first
+        # path that did not close.
         joined: list[int] = [self._newline]
         for child in children:
             joined += [*fmt.header(child.label or ""), *child.token_ids]
+            if child.token_ids[-2:] != [fmt.path_close_id, self._newline]:
+                break
         if budget is not None:
             joined = joined[:max(budget - used, 0)]
         coordinator.record_merged(member, used, len(joined))

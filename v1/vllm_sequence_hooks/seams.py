@@ -7,9 +7,10 @@ The plugin patches no vLLM file, but it subclasses V1's scheduler, calls
 private scheduler methods, writes request fields, builds engine-core
 requests and outputs and relies on how the frontend fans out samples and
 carries `kv_transfer_params`. `SEAMS` lists each such member once, with
-why it is reached and when the reach can go, in three tables by where
+why it is reached and when the reach can go, in four tables by where
 the reach is: the scheduler's (`seams_scheduler`), outside the engine
-core (`seams_frontend`) and the configuration's (`seams_config`). One
+core (`seams_frontend`), the configuration's (`seams_config`) and a
+join's that splices KV (`seams_runner`: worker, model runner, blocks). One
 record per supported vLLM version (`records/<version>.json`, data) holds
 what that version has of each: its signature, and for overridden
 methods, private methods we call and code whose behaviour we rely on, the
@@ -26,6 +27,7 @@ from typing import Optional
 
 from vllm_sequence_hooks.seams_config import CONFIG_SEAMS
 from vllm_sequence_hooks.seams_frontend import FRONTEND_SEAMS
+from vllm_sequence_hooks.seams_runner import RUNNER_SEAMS
 from vllm_sequence_hooks.seams_scheduler import SCHEDULER_SEAMS
 from vllm_sequence_hooks.seams_types import Seam
 
@@ -33,7 +35,8 @@ from vllm_sequence_hooks.seams_types import Seam
 # (`records/0.32.0.json` for 0.32.0), oldest first.
 SUPPORTED_VLLM_VERSIONS = ("0.31.0", "0.32.0", "0.33.0")
 
-SEAMS: tuple[Seam, ...] = SCHEDULER_SEAMS + FRONTEND_SEAMS + CONFIG_SEAMS
+SEAMS: tuple[Seam, ...] = (SCHEDULER_SEAMS + FRONTEND_SEAMS + CONFIG_SEAMS +
+                           RUNNER_SEAMS)
 
 
 class UnsupportedVllmVersion(RuntimeError):

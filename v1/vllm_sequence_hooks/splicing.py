@@ -145,6 +145,14 @@ class Splicing:
     # Per step in flight carrying copies, the blocks freed once it ran.
     _in_flight: dict[int, list[Any]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        manager = self.scheduler.kv_cache_manager
+        groups = manager.coordinator.single_type_managers
+        if len(groups) != 1:
+            raise ValueError("special_kwargs: a format that splices KV "
+                             "needs one KV cache group (full attention in "
+                             f"every layer); this model has {len(groups)}")
+
     def forked(self, child: Request, parent: Request,
                shift: tuple[int, int]) -> None:
         """A path forked: its map; its and its parent's hashes salted

@@ -15,7 +15,8 @@ logprobs in the tree); fp32, eager, the same engine settings as
 `run_threadweaver`'s stock side. The prompts are tokenized without
 special tokens, or with ``"text": true`` sent as text (tokenized as the
 completions API does: APR's controller sends text).
-``--format-options`` gives the format's ``format_options``.
+``--format-options`` gives the format's ``format_options``;
+``--block-size`` the KV cache's block size (this CPU's default: 128).
 """
 
 import argparse
@@ -32,6 +33,7 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--format-options", type=json.loads)
+    parser.add_argument("--block-size", type=int)
     args = parser.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -47,6 +49,7 @@ def main() -> None:
               enforce_eager=True,
               dtype="float32",
               seed=0,
+              block_size=args.block_size,
               special_kwargs={
                   "format": args.format,
                   "format_options": args.format_options
