@@ -15,6 +15,10 @@ never fork again.
 
 A format is data plus two functions (`ForkJoinFormat`): which branches a
 context forks, and what their results join into.
+
+`TriggerPolicy` is what any policy that forks at a trigger token does
+(`ForkJoinPolicy`, and a policy of its own for a format whose join is not
+a template, as ThreadWeaver's `SimpleEvalPolicy`).
 """
 
 from collections.abc import Callable, Sequence
@@ -65,11 +69,16 @@ class Joined:
     final: bool
 
 
-class ForkJoinFormat(Protocol):
-    """A format, as the lifecycle needs it."""
+class TriggerFormat(Protocol):
+    """A format that forks at a trigger token."""
 
     # The token whose sampling forks.
     trigger_id: int
+
+
+class ForkJoinFormat(TriggerFormat, Protocol):
+    """A format, as the lifecycle needs it."""
+
     # Calls a controller makes before it gives up (each run of the
     # member's own decoding and each fork counts one).
     max_steps: int
@@ -84,8 +93,59 @@ class ForkJoinFormat(Protocol):
         ...
 
 
-class ForkJoinPolicy(FormatPolicy):
-    """The decisions of a format that forks at a trigger token.
+class TriggerPolicy(FormatPolicy):
+    """What a policy that forks at its format's trigger token does: the
+    engine looks for the trigger alone (`forking_token_id`); a root is
+    tracked as its tree's from its first trigger on; a fork's branches
+    are capped by the limits; a join reads the branches' results.
+
+    Args:
+        coordinator: The coordinator it decides for.
+        trigger_format: The format.
+    """
+
+    def __init__(self, coordinator: Coordinator,
+                 trigger_format: TriggerFormat) -> None:
+        super().__init__(coordinator)
+        self.format = trigger_format
+        # The format's trigger.
+        self.forking_token_id = trigger_format.trigger_id
+
+    def _root(self, member_id: str,
+              params: Callable[[], RequestParams]) -> tuple[Member, list]:
+        """A root at its trigger: its member, and the actions to start
+        with: its tree's `StartTree` if this is the root's first (the
+        coordinator tracks it from there, with the request's
+        ``params``)."""
+        member = self.coordinator.member(member_id)
+        if member is not None:
+            return member, []
+        member = self.coordinator.track_root(member_id, params())
+        return member, [StartTree(member_id, member.tree.state)]
+
+    def _within_limits(self, member: Member, wanted: list) -> list:
+        """The first of ``wanted`` that the limits let ``member``'s fork
+        start (`SpecialKwargs.fork_limit`); the others are counted as
+        refused."""
+        tree = member.tree.state
+        limit = self.coordinator.special_kwargs.fork_limit(tree.num_spawned)
+        forked = wanted[:limit]
+        tree.num_refused += len(wanted) - len(forked)
+        return forked
+
+    def _results(self, member: Member) -> list[BranchResult]:
+        """``member``'s finished branches' results, taken from the
+        coordinator, in fork order."""
+        return [
+            BranchResult(child.label or "", tuple(child.token_ids),
+                         child.finish_reason or "abort")
+            for child in self.coordinator.take_finished_children(member)
+        ]
+
+
+class ForkJoinPolicy(TriggerPolicy):
+    """The decisions of a format that forks at a trigger token and joins
+    by a template.
 
     Args:
         coordinator: The coordinator it decides for (its
@@ -96,10 +156,7 @@ class ForkJoinPolicy(FormatPolicy):
 
     def __init__(self, coordinator: Coordinator,
                  fork_join_format: ForkJoinFormat) -> None:
-        super().__init__(coordinator)
-        self.format = fork_join_format
-        # The format's trigger.
-        self.forking_token_id = fork_join_format.trigger_id
+        super().__init__(coordinator, fork_join_format)
         # Per forking root, the controller's steps so far.
         self._steps: dict[str, int] = {}
         # Per parked root, its whole token ids at the fork.
@@ -121,11 +178,7 @@ class ForkJoinPolicy(FormatPolicy):
                 or coordinator.is_child(member_id)):
             return []
         length = len(token_ids)
-        actions: list[Action] = []
-        member = coordinator.member(member_id)
-        if member is None:
-            member = coordinator.track_root(member_id, params())
-            actions.append(StartTree(member_id, member.tree.state))
+        member, actions = self._root(member_id, params)
         branches = self.format.branches(token_ids)
         # The trigger ended a call: the next (a fork, or decoding on) is
         # another step.
@@ -134,10 +187,7 @@ class ForkJoinPolicy(FormatPolicy):
             return actions + [Conclude(member_id, (), MERGED_TOKEN_LOGPROB)]
         # The limits may refuse branches (the controller has none); with
         # none left, the member decodes on as after outlines with no label.
-        tree = member.tree.state
-        forked = branches[:coordinator.special_kwargs.fork_limit(tree.
-                                                                 num_spawned)]
-        tree.num_refused += len(branches) - len(forked)
+        forked = self._within_limits(member, branches)
         if any(length + len(branch.context_tokens) >= coordinator.max_model_len
                for branch in forked):
             # A branch with no room to sample (the controller's server
@@ -162,11 +212,7 @@ class ForkJoinPolicy(FormatPolicy):
         """The branches' join, by the format's template: the member's
         resume, or its end."""
         coordinator, node = self.coordinator, member.node
-        children = coordinator.take_finished_children(member)
-        joined = self.format.join([
-            BranchResult(child.label or "", tuple(child.token_ids),
-                         child.finish_reason or "abort") for child in children
-        ])
+        joined = self.format.join(self._results(member))
         root_id = node.request_id
         self._steps[root_id] += 1
         token_ids = joined.token_ids

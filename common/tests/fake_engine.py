@@ -70,6 +70,28 @@ def piece_ids(text: str, pieces: Sequence[str],
     return ids
 
 
+class TagTokenizer:
+    """A format's ``tags`` one token each (its index; where two start at
+    one place, the longer), every other character one token (`piece_ids`).
+
+    Args:
+        tags: The tags, ``eos`` among them.
+        eos: The end-of-sequence tag.
+    """
+
+    def __init__(self, tags: Sequence[str], eos: str = "<eos>"):
+        self.tags = tuple(tags)
+        self.longest_first = sorted(self.tags, key=len, reverse=True)
+        self.eos_token_id = self.tags.index(eos)
+
+    def encode(self, text: str, **_) -> list[int]:
+        return piece_ids(text, self.longest_first, self.tags)
+
+    def decode(self, token_ids: list[int], **_) -> str:
+        return "".join(self.tags[t] if t < OFFSET else chr(t - OFFSET)
+                       for t in token_ids)
+
+
 def special_kwargs(**limits) -> SpecialKwargs:
     """The fake engine's hook configuration with ``limits``."""
     return SpecialKwargs(sync_token_id=SYNC,

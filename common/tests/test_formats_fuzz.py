@@ -69,6 +69,7 @@ from sequence_hooks_references.formats.backends import (Recorded,
                                                         ScriptedBackend,
                                                         ScriptedTextBackend)
 from sequence_hooks_testkit.formats import apr_scripts as apr
+from sequence_hooks_testkit.formats import threadweaver_scripts as tw_scripts
 
 # Examples per fuzzed test (FORMAT_FUZZ_EXAMPLES: more for a longer hunt).
 FUZZ = settings(max_examples=int(os.environ.get("FORMAT_FUZZ_EXAMPLES",
@@ -407,6 +408,7 @@ def test_apr_fuzzed_searches_answer_as_the_controller(root, call, after, wins,
 # ThreadWeaver: the test engine and tokenizer of `test_threadweaver` (its
 # tags and `<eos>` one token each, every other character one token).
 TW_TOKENIZER, TW_EOS = tw_test.TOKENIZER, tw_test.EOS
+TW_OPEN, TW_CLOSE = TW_TOKENIZER.encode("<Thread></Thread>")
 TW_FRAGMENTS = [
     "<Outlines>", "</Outlines>", "<Outline>", "</Outline>", "<Outline>1:",
     "<Outline>2: b</Outline>\n", "<Outline>1: again</Outline>\n",
@@ -446,21 +448,19 @@ class ThreadModel:
 
     def next_token(self, context: list[int]) -> int:
         ids = context[self.prompt_len:]
-        opened = max(
-            (i for i, t in enumerate(ids) if t == tw_test.OPEN_THREAD),
-            default=-1)
-        closed = max(
-            (i for i, t in enumerate(ids) if t == tw_test.CLOSE_THREAD),
-            default=-1)
+        opened = max((i for i, t in enumerate(ids) if t == TW_OPEN),
+                     default=-1)
+        closed = max((i for i, t in enumerate(ids) if t == TW_CLOSE),
+                     default=-1)
         if opened > closed:
             text = TW_TOKENIZER.decode(ids[opened:])
-            header = tw_test.HEADER.match(text)
+            header = tw_scripts.OPEN_THREAD.match(text)
             script = self.other if header is None else self.threads.get(
                 header.group(1), self.other)
             done = text if header is None else text[header.end():]
         else:
             script = self.root
-            done = tw_test.THREADS.sub("", TW_TOKENIZER.decode(ids))
+            done = tw_scripts.THREADS.sub("", TW_TOKENIZER.decode(ids))
         script_ids, done_ids = (TW_TOKENIZER.encode(script),
                                 TW_TOKENIZER.encode(done))
         if script_ids[:len(done_ids)] != done_ids or len(done_ids) >= len(

@@ -5,231 +5,117 @@
 kit's `ThreadWeaverController`), with one scripted model behind both:
 token for token the same answer, model-free.
 
-The model writes a root script and, in a thread, its label's script. The
-controller decodes it call by call, as over stock vLLM; the in-engine side
-decodes it in `ThreadEngine`, which carries out the coordinator's actions
-(a fork copies the context and adds the header, a park waits, a resume
-appends, a conclude ends) and stops a member as vLLM's stop checks do.
+The model (`threadweaver_scripts`) writes a root script and, in a thread,
+its label's script. The controller decodes it call by call, as over stock
+vLLM; the in-engine side decodes it in `ThreadEngine` (`call_engine`),
+which carries out the coordinator's actions (a fork copies the context
+and adds the header, a park waits, a resume appends, a conclude ends)
+and stops a member as vLLM's stop checks do.
 """
 
 import dataclasses
-import re
-from dataclasses import dataclass, field
 from typing import Optional
 
 import pytest
+from call_engine import CallEngine
+from fake_engine import TagTokenizer
 
-from sequence_hooks.actions import (Action, Conclude, Fork, MemberResult, Park,
-                                    ReportTree, RequestParams, Restart, Resume,
-                                    StartTree)
+from sequence_hooks.actions import (Action, Fork, Park, ReportTree, Restart,
+                                    Resume, StartTree)
 from sequence_hooks.fork_join import BranchResult
 from sequence_hooks.formats.threadweaver import ThreadWeaverFormat
-from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks_references.formats import threadweaver_controller as tw
 from sequence_hooks_references.formats.backends import ScriptedBackend
+from sequence_hooks_testkit.formats import threadweaver_scripts as scripts
 
 TAGS = ("<Think>", "</Think>", "<Parallel>", "</Parallel>", "<Outlines>",
         "</Outlines>", "<Outline>", "</Outline>", "<Thread>", "</Thread>",
         "<Conclusion>", "</Conclusion>", "<eos>")
-OFFSET = 100
-SPLIT = re.compile("(" + "|".join(re.escape(t) for t in TAGS) + ")")
-
-
-class TagTokenizer:
-    """ThreadWeaver's tags (and `<eos>`) one token each, every other
-    character one token: the tokenizer both sides share."""
-
-    eos_token_id = TAGS.index("<eos>")
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids = []
-        for piece in SPLIT.split(text):
-            if piece in TAGS:
-                ids.append(TAGS.index(piece))
-            else:
-                ids += [OFFSET + ord(char) for char in piece]
-        return ids
-
-    def decode(self, token_ids: list[int]) -> str:
-        return "".join(TAGS[t] if t < OFFSET else chr(t - OFFSET)
-                       for t in token_ids)
-
-
-TOKENIZER = TagTokenizer()
+# ThreadWeaver's tags (and `<eos>`) one token each, every other character
+# one token: the tokenizer both sides share.
+TOKENIZER = TagTokenizer(TAGS)
 EOS = TOKENIZER.eos_token_id
-OPEN_THREAD, CLOSE_THREAD = TAGS.index("<Thread>"), TAGS.index("</Thread>")
-THREADS = re.compile(r"\n?<Thread>.*?</Thread>", re.DOTALL)
-HEADER = re.compile(r"<Thread>\n([^:]*):")
+PROMPT_TEXT = "Q: 2*3*4?\n"
 
 
-@dataclass
-class ScriptedModel:
-    """Greedy decoding of fixed scripts: a thread writes its label's
-    script after its header; the root writes ``root`` with every joined
-    thread left out of its context. Past a script's end: EOS."""
-
-    prompt_len: int
-    root: str
-    threads: dict[str, str] = field(default_factory=dict)
-
-    def next_token(self, context: list[int]) -> int:
-        ids = context[self.prompt_len:]
-        opened = max((i for i, t in enumerate(ids) if t == OPEN_THREAD),
-                     default=-1)
-        closed = max((i for i, t in enumerate(ids) if t == CLOSE_THREAD),
-                     default=-1)
-        if opened > closed:
-            text = TOKENIZER.decode(ids[opened:])
-            label = HEADER.match(text).group(1)
-            script = TOKENIZER.encode(self.threads[label])
-            done = TOKENIZER.encode(text[text.index(":") + 1:])
-        else:
-            script = TOKENIZER.encode(self.root)
-            done = TOKENIZER.encode(THREADS.sub("", TOKENIZER.decode(ids)))
-        if script[:len(done)] != done or len(done) >= len(script):
-            return EOS
-        return script[len(done)]
+def scripted(
+        root: str,
+        threads: Optional[dict[str, str]] = None) -> scripts.ScriptedModel:
+    """The scripted model on this tokenizer, after `PROMPT_TEXT`."""
+    return scripts.ScriptedModel(TOKENIZER, PROMPT_TEXT, root, threads or {})
 
 
-@dataclass
-class Member:
-    tokens: list[int]
-    start: int
-    stop_ids: tuple[int, ...] = ()
-    parked: bool = False
-    stopped: Optional[str] = None
+class ThreadEngine(CallEngine):
+    """`CallEngine` with the RL controller's policy: a thread's budget is
+    the window's, and a call made anew (`Restart`) continues the root's
+    ids with the join.
 
-
-class ThreadEngine:
-    """Carries out the coordinator's actions on token lists, decoding the
-    members in lockstep, one token each a step, with vLLM's stop checks
-    (EOS or a stop id: "stop"; the budget or the model length:
-    "length"; no event for a token that ends its member)."""
+    Args:
+        model: The scripted model.
+        max_model_len: The model length.
+        max_tokens: The request's budget.
+        limits: More `SpecialKwargs` fields.
+        seed: The request's seed.
+    """
 
     def __init__(self,
-                 model: ScriptedModel,
+                 model: scripts.ScriptedModel,
                  max_model_len: int,
                  max_tokens: Optional[int],
                  limits: dict,
                  seed: Optional[int] = None):
-        self.model = model
-        self.seed = seed
-        self.max_model_len = max_model_len
-        self.max_tokens = max_tokens
-        special_kwargs = SpecialKwargs(format="threadweaver", **limits)
-        self.coordinator = Coordinator.for_format(special_kwargs,
-                                                  max_model_len,
-                                                  TOKENIZER,
-                                                  clock=lambda: 0.0)
-        self.members: dict[str, Member] = {}
-        self.actions: list[Action] = []
-        self.output: list[int] = []
-
-    def run(self, prompt: list[int]) -> list[int]:
-        params = RequestParams(len(prompt), self.max_tokens, seed=self.seed)
-        self.members["root"] = Member(list(prompt), len(prompt))
-        while self.members:
-            for member_id in list(self.members):
-                member = self.members.get(member_id)
-                if member is None or member.parked or member.stopped:
-                    continue
-                token = self.model.next_token(member.tokens)
-                member.tokens.append(token)
-                own = len(member.tokens) - member.start
-                if token == EOS or token in member.stop_ids:
-                    member.stopped = "stop"
-                elif (len(member.tokens) >= self.max_model_len
-                      or member_id == "root" and self.max_tokens is not None
-                      and own >= self.max_tokens):
-                    member.stopped = "length"
-                else:
-                    self.carry_out(
-                        self.coordinator.sampled(member_id, member.tokens,
-                                                 lambda: params))
-            for member_id in [
-                    m for m, member in self.members.items() if member.stopped
-            ]:
-                member = self.members.pop(member_id)
-                own = member.tokens[member.start:]
-                if member_id == "root":
-                    self.output = own
-                if self.coordinator.is_member(member_id):
-                    self.carry_out(
-                        self.coordinator.finished(
-                            member_id, member.stopped,
-                            MemberResult(own, TOKENIZER.decode(own))))
-        return self.output
+        super().__init__(model, TOKENIZER,
+                         SpecialKwargs(format="threadweaver", **limits),
+                         max_model_len, max_tokens, seed)
 
     def carry_out(self, actions: list[Action]) -> None:
         for action in actions:
-            self.actions.append(action)
             if isinstance(action, Fork):
-                parent = self.members[action.parent_id]
-                assert not parent.parked and action.max_tokens is None
-                tokens = parent.tokens + list(action.context_tokens)
-                self.members[action.request_id] = Member(
-                    tokens, len(tokens), action.stop_token_ids)
-            elif isinstance(action, Park):
-                self.members[action.member_id].parked = True
-            elif isinstance(action, Resume):
-                member = self.members[action.member_id]
-                assert member.parked and action.seed is None
-                member.parked = False
-                member.tokens += action.token_ids
+                assert action.max_tokens is None
             elif isinstance(action, Restart):
-                # A new call: its prompt is the member's tokens so far.
-                member = self.members[action.member_id]
                 shown = len(action.shown_token_ids)
                 assert action.prompt_token_ids[:-shown or None] == tuple(
-                    member.tokens)
-                member.parked = False
-                member.tokens = list(action.prompt_token_ids)
-            elif isinstance(action, Conclude):
-                member = self.members[action.member_id]
-                member.tokens += action.token_ids
-                member.parked, member.stopped = False, "stop"
-            else:
-                assert isinstance(action, (StartTree, ReportTree))
+                    self.members[action.member_id].tokens)
+            super().carry_out([action])
 
 
-PROMPT = TOKENIZER.encode("Q: 2*3*4?\n")
+PROMPT = TOKENIZER.encode(PROMPT_TEXT)
 OUTLINES = ("<Parallel>\n<Outlines>\n<Outline>1: a</Outline>\n"
             "<Outline>2: b</Outline>\n</Outlines>")
 CASES = {
     "several outlines":
-    ScriptedModel(len(PROMPT), OUTLINES + "\n</Parallel>\nA: 24<eos>", {
+    scripted(OUTLINES + "\n</Parallel>\nA: 24<eos>", {
         "1": " 2*3=6\n</Thread>",
         "2": " 6*4=24\n</Thread>"
     }),
     "a repeated label":
-    ScriptedModel(
-        len(PROMPT), "<Outlines>\n<Outline>1: a</Outline>\n"
+    scripted(
+        "<Outlines>\n<Outline>1: a</Outline>\n"
         "<Outline>1: again</Outline>\n<Outline>3: c</Outline>\n</Outlines>"
         "\nok<eos>", {
             "1": " one</Thread>",
             "3": " three</Thread>"
         }),
     "a thread that hits EOS":
-    ScriptedModel(len(PROMPT), OUTLINES + "\nnever", {
+    scripted(OUTLINES + "\nnever", {
         "1": " done<eos>",
         "2": " fine</Thread>"
     }),
-    "a thread that hits the model length":
-    ScriptedModel(len(PROMPT), OUTLINES + "\nnever", {
+    "a thread that hits the window":
+    scripted(OUTLINES + "\nnever", {
         "1": " short</Thread>",
         "2": " " + "x" * 200
     }),
     "no outline":
-    ScriptedModel(len(PROMPT), "just an answer<eos>"),
+    scripted("just an answer<eos>"),
     "an outline with no label":
-    ScriptedModel(
-        len(PROMPT), "<Outlines>\n<Outline>a: no number</Outline>\n</Outlines>"
-        " then on<eos>"),
+    scripted("<Outlines>\n<Outline>a: no number</Outline>\n</Outlines>"
+             " then on<eos>"),
     "two rounds":
-    ScriptedModel(
-        len(PROMPT), OUTLINES + "\nmid " +
-        OUTLINES.replace("<Parallel>\n", "") + "\nend<eos>", {
+    scripted(
+        OUTLINES + "\nmid " + OUTLINES.replace("<Parallel>\n", "") +
+        "\nend<eos>", {
             "1": " t1</Thread>",
             "2": " t2</Thread>"
         }),
@@ -262,7 +148,7 @@ def test_the_engine_answers_as_threadweavers_controller(name):
 def test_the_step_limit_and_the_budget_end_the_answer_as_the_controller():
     rounds = "".join(
         OUTLINES.replace("<Parallel>\n", "") + f"\nr{i} " for i in range(3))
-    model = ScriptedModel(len(PROMPT), rounds + "end<eos>", {
+    model = scripted(rounds + "end<eos>", {
         "1": " t1</Thread>",
         "2": " t2</Thread>"
     })

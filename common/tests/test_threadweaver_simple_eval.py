@@ -8,54 +8,33 @@ same answer text and the same threads, model-free.
 
 The model continues scripted texts. The controller decodes it over text
 calls, as over stock vLLM's completions API (token-id prompts, text out,
-stop strings); the in-engine side decodes it in `CallEngine`, which
-carries out the coordinator's actions on token lists, with vLLM's stop
-checks and each call's budget.
+stop strings); the in-engine side decodes it in `EvalEngine`
+(`call_engine`), which carries out the coordinator's actions on token
+lists, with vLLM's stop checks and each call's budget.
 
 The tokenizer merges ``":\\n"`` into one token, so a join whose thread
 begins with a newline tokenizes otherwise than the ids sampled: the
 engine must send what the controller sends.
 """
 
-from dataclasses import dataclass
 from typing import Optional
 
 import pytest
-from fake_engine import OFFSET, piece_ids
+import test_threadweaver as tw_test
+from call_engine import CallEngine
+from fake_engine import TagTokenizer
 
-from sequence_hooks.actions import (Action, Conclude, Fork, MemberResult, Park,
-                                    ReportTree, RequestParams, Restart,
-                                    StartTree)
-from sequence_hooks.lifecycle import Coordinator
+from sequence_hooks.actions import Action, Fork, Restart, StartTree
 from sequence_hooks.special_kwargs import SpecialKwargs
 from sequence_hooks_references.formats import backends
 from sequence_hooks_references.formats import threadweaver_simple_eval as ev
 from sequence_hooks_testkit.formats import threadweaver_scripts as scripts
 
-TAGS = ("<Think>", "</Think>", "<Parallel>", "</Parallel>", "<Outlines>",
-        "</Outlines>", "<Outline>", "</Outline>", "<Thread>", "</Thread>",
-        "<Conclusion>", "</Conclusion>", "<eos>")
-MERGED = (":\n", )
-
-
-class MergingTokenizer:
-    """ThreadWeaver's tags (and `<eos>`) one token each, ``":\\n"`` one
-    token, every other character one token."""
-
-    eos_token_id = TAGS.index("<eos>")
-
-    def encode(self, text: str, **_) -> list[int]:
-        return piece_ids(text, sorted(TAGS + MERGED, key=len, reverse=True),
-                         TAGS + MERGED)
-
-    def decode(self, token_ids: list[int], **_) -> str:
-        return "".join((TAGS + MERGED)[t] if t < OFFSET else chr(t - OFFSET)
-                       for t in token_ids)
-
-
-TOKENIZER = MergingTokenizer()
+# ThreadWeaver's tags (and `<eos>`) one token each, ":\n" one token,
+# every other character one token.
+TOKENIZER = TagTokenizer(tw_test.TAGS + (":\n", ))
 EOS = TOKENIZER.eos_token_id
-PROMPT = "Q: 2*3*4?\n"
+PROMPT = tw_test.PROMPT_TEXT
 
 
 def scripted(root: str,
@@ -65,26 +44,17 @@ def scripted(root: str,
     return scripts.ScriptedModel(TOKENIZER, prompt, root, threads or {})
 
 
-@dataclass
-class Member:
-    """A member's call as `CallEngine` runs it: its ids, where its own
-    start, its budget, its stop ids and its state."""
-
-    tokens: list[int]
-    start: int
-    budget: int
-    stop_ids: tuple[int, ...] = ()
-    parked: bool = False
-    stopped: Optional[str] = None
+def rl_case(name: str) -> scripts.ScriptedModel:
+    """``test_threadweaver``'s case ``name`` (a case of both controllers)
+    on this tokenizer."""
+    return scripted(tw_test.CASES[name].root, tw_test.CASES[name].threads)
 
 
-class CallEngine:
-    """Carries out the coordinator's actions on token lists, one token per
-    live member a step, with vLLM's stop checks (EOS or a stop id:
-    "stop"; the call's budget or the window: "length"; no event for a
-    token that ends its member). Records every call (its prompt and
-    budget) and the root's output as a client sees it (sampled tokens,
-    and the tokens a restart shows or a conclusion appends).
+class EvalEngine(CallEngine):
+    """`CallEngine` with the evaluation controller's policy: the
+    request's budget is each call's, resolved as V1 resolves it (the
+    window left after the prompt if none), and a call made anew
+    (`Restart`) is made for a parked root, with that budget.
 
     Args:
         model: The scripted model.
@@ -98,107 +68,21 @@ class CallEngine:
                  window: int,
                  max_tokens: Optional[int],
                  limits: Optional[dict] = None):
-        self.model = model
-        self.window = window
-        self.max_tokens = max_tokens
         special_kwargs = SpecialKwargs(
             format="threadweaver",
             format_options={"controller": "simple_eval"},
             **(limits or {}))
-        self.coordinator = Coordinator.for_format(special_kwargs,
-                                                  window,
-                                                  TOKENIZER,
-                                                  clock=lambda: 0.0)
-        self.members: dict[str, Member] = {}
-        self.calls: list[tuple[list[int], int]] = []
-        self.actions: list[Action] = []
-        self.output: list[int] = []
-        # Whether the root's last call stopped at an EOS before its
-        # budget's last token.
-        self.stopped_at_eos = False
-
-    def run(self, prompt: list[int]) -> list[int]:
-        # As V1 resolves a request's budget: the window left if none.
-        budget = (self.max_tokens if self.max_tokens is not None else
-                  self.window - len(prompt))
-        params = RequestParams(len(prompt), budget)
-        self.start("root", list(prompt), budget)
-        while any(not m.parked for m in self.members.values()):
-            for member_id in list(self.members):
-                member = self.members.get(member_id)
-                if member is None or member.parked or member.stopped:
-                    continue
-                token = self.model.next_token(member.tokens)
-                member.tokens.append(token)
-                if member_id == "root":
-                    self.output.append(token)
-                own = len(member.tokens) - member.start
-                if token == EOS or token in member.stop_ids:
-                    member.stopped = "stop"
-                    self.stopped_at_eos = (member_id == "root" and token == EOS
-                                           and own < min(
-                                               member.budget,
-                                               self.window - member.start))
-                elif (len(member.tokens) >= self.window
-                      or own >= member.budget):
-                    member.stopped = "length"
-                else:
-                    self.carry_out(
-                        self.coordinator.sampled(member_id, member.tokens,
-                                                 lambda: params))
-            for member_id in [
-                    m for m, member in self.members.items() if member.stopped
-            ]:
-                member = self.members.pop(member_id)
-                if self.coordinator.is_member(member_id):
-                    own = member.tokens[self.coordinator.own_start(member_id):]
-                    self.carry_out(
-                        self.coordinator.finished(
-                            member_id, member.stopped,
-                            MemberResult(own, TOKENIZER.decode(own))))
-        assert not self.members
-        return self.output
-
-    def start(self,
-              member_id: str,
-              prompt: list[int],
-              budget: int,
-              stop_ids: tuple[int, ...] = ()) -> None:
-        self.calls.append((list(prompt), min(budget,
-                                             self.window - len(prompt))))
-        self.members[member_id] = Member(list(prompt), len(prompt), budget,
-                                         stop_ids)
+        prompt_len = len(TOKENIZER.encode(model.prompt))
+        super().__init__(
+            model, TOKENIZER, special_kwargs, window,
+            window - prompt_len if max_tokens is None else max_tokens)
 
     def carry_out(self, actions: list[Action]) -> None:
         for action in actions:
-            self.actions.append(action)
-            if isinstance(action, Fork):
-                parent = self.members[action.parent_id]
-                assert not action.fresh and not parent.parked
-                self.start(action.request_id,
-                           parent.tokens + list(action.context_tokens),
-                           action.max_tokens, action.stop_token_ids)
-            elif isinstance(action, Park):
-                self.members[action.member_id].parked = True
-            elif isinstance(action, Restart):
-                # A new call: the request's budget, from a new prompt.
+            if isinstance(action, Restart):
                 assert self.members[action.member_id].parked
                 assert action.max_tokens is None
-                self.output += action.shown_token_ids
-                self.start(action.member_id, list(action.prompt_token_ids),
-                           self.members[action.member_id].budget)
-            elif isinstance(action, Conclude):
-                member = self.members[action.member_id]
-                member.tokens += action.token_ids
-                self.output += action.token_ids
-                member.parked, member.stopped = False, "stop"
-            else:
-                assert isinstance(action, (StartTree, ReportTree)), action
-
-    def tree(self) -> Optional[ReportTree]:
-        """The root's reported tree, if it became one."""
-        reports = [a for a in self.actions if isinstance(a, ReportTree)]
-        return reports[0] if reports else None
+            super().carry_out([action])
 
 
 def both(model: scripts.ScriptedModel,
@@ -211,12 +95,12 @@ def both(model: scripts.ScriptedModel,
     controller = ev.SimpleEvalController(TOKENIZER, window + 1, budget)
     [rollout] = ev.run(controller, backends.ScriptedServer(model),
                        [model.prompt])
-    engine = CallEngine(model, window, budget, limits)
+    engine = EvalEngine(model, window, budget, limits)
     engine.run(TOKENIZER.encode(model.prompt))
     return rollout, engine
 
 
-def answer_text(engine: CallEngine) -> str:
+def answer_text(engine: EvalEngine) -> str:
     """The engine's answer as the controller's text: the prompt and the
     output, less the EOS its last call stopped at (which the server does
     not detokenize; sampled as the call's last allowed token, it does)."""
@@ -233,7 +117,7 @@ def threads_of(rollout: ev.EvalRollout) -> list[tuple]:
     ]
 
 
-def assert_same(rollout: ev.EvalRollout, engine: CallEngine) -> None:
+def assert_same(rollout: ev.EvalRollout, engine: EvalEngine) -> None:
     """The same calls, the same answer, the same threads."""
     # A repeated label's thread is called once per place by the
     # controller, once in-engine.
@@ -251,8 +135,7 @@ def assert_same(rollout: ev.EvalRollout, engine: CallEngine) -> None:
             for c in report.tree.children] == threads_of(rollout)
 
 
-OUTLINES = ("<Parallel>\n<Outlines>\n<Outline>1: a</Outline>\n"
-            "<Outline>2: b</Outline>\n</Outlines>")
+OUTLINES = tw_test.OUTLINES
 ROUND = "<Outlines>\n<Outline>1: a</Outline>\n<Outline>2: b</Outline>\n"
 CASES = {
     "several outlines":
@@ -261,29 +144,18 @@ CASES = {
         "2": " 6*4=24</Thread>"
     }),
     "a repeated label":
-    scripted(
-        "<Outlines>\n<Outline>1: a</Outline>\n<Outline>1: again</Outline>\n"
-        "<Outline>3: c</Outline>\n</Outlines>\nok<eos>", {
-            "1": " one</Thread>",
-            "3": " three</Thread>"
-        }),
+    rl_case("a repeated label"),
     "a thread that hits EOS":
-    scripted(OUTLINES + "\nnever", {
-        "1": " done<eos>",
-        "2": " fine</Thread>"
-    }),
+    rl_case("a thread that hits EOS"),
     "a thread that hits the window":
-    scripted(OUTLINES + "\nnever", {
-        "1": " short</Thread>",
-        "2": " " + "x" * 200
-    }),
+    rl_case("a thread that hits the window"),
     "a call after a join that hits the window":
     scripted(OUTLINES + "\n" + "y" * 200, {
         "1": " t1</Thread>",
         "2": " t2</Thread>"
     }),
     "no outline":
-    scripted("just an answer<eos>"),
+    rl_case("no outline"),
     "an outline with no label":
     scripted("<Outlines>\n<Outline>a: no number</Outline>\n</Outlines>"
              " never<eos>"),
@@ -419,7 +291,7 @@ def test_a_stop_sampled_as_a_calls_last_allowed_token_as_its_server():
 def test_the_limits_leave_refused_labels_out_of_the_join():
     """`max_children_per_sequence` 1: one thread forks; its label's
     places alone are joined (the controller has no limit)."""
-    engine = CallEngine(CASES["a repeated label"], 160, None,
+    engine = EvalEngine(CASES["a repeated label"], 160, None,
                         {"max_children_per_sequence": 1})
     output = engine.run(TOKENIZER.encode(PROMPT))
     assert [a.label for a in engine.actions if isinstance(a, Fork)] == ["1"]

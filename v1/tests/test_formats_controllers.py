@@ -194,33 +194,33 @@ def test_several_outlines_and_a_repeated_label_join_in_label_order():
     assert out.ended == "eos" and out.calls == 5
 
 
-def test_a_branch_that_hits_eos_is_cut_closed_and_ends_the_answer():
+@pytest.mark.parametrize(
+    "thread, settings, sampled, reason",
+    [
+        (" 0\nanswer 0</s>", {}, " 0\nanswer 0</s>", "stop"),
+        # Prompt 5 + outlines 19 + header 5 leave 8 tokens to each branch.
+        (" 1*5=5 5*5=5\n</Thread>", {
+            "max_model_len": 37
+        }, " 1*5=5 5", "length")
+    ],
+    ids=["EOS", "the window"])
+def test_a_branch_that_hits_eos_or_the_window_is_closed_and_ends_the_answer(
+        thread, settings, sampled, reason):
+    """The branch keeps what it sampled; its join is its header, its
+    tokens cut before an EOS and the closure; then the block closes and
+    the answer ends."""
     out, _ = scripted([outlines("1", "2")], {
         "1": CLOSED,
-        "2": " 0\nanswer 0</s>"
-    })
+        "2": thread
+    }, **settings)
     [fork] = out.forks
-    assert fork.branches[1].token_ids == ids(" 0\nanswer 0</s>")
-    assert fork.branches[1].joined_ids == ids(
-        later_header("2") + " 0\nanswer 0" + CLOSURE)
-    assert out.text.endswith("</Thread><Thread>\n2: 0\nanswer 0\n</Thread>"
-                             "\n</Parallel>")
+    assert [b.finish_reason for b in fork.branches] == ["stop", reason]
+    assert fork.branches[1].token_ids == ids(sampled)
+    joined = later_header("2") + sampled.removesuffix("</s>") + CLOSURE
+    assert fork.branches[1].joined_ids == ids(joined)
+    assert fork.suffix_ids == ids(FINAL)
+    assert out.text.endswith("</Thread>" + joined + FINAL)
     assert out.ended == "thread_ended" and out.calls == 3
-
-
-def test_a_branch_that_hits_the_window_is_closed_and_ends_the_answer():
-    # Prompt 5 + outlines 19 + header 5 leave 8 tokens to each branch.
-    out, _ = scripted([outlines("1", "2")], {
-        "1": CLOSED,
-        "2": " 1*5=5 5*5=5\n</Thread>"
-    },
-                      max_model_len=37)
-    [fork] = out.forks
-    assert [b.finish_reason for b in fork.branches] == ["stop", "length"]
-    cut = ids(" 1*5=5 5*5=5")[:8]
-    assert fork.branches[1].joined_ids == (ids(later_header("2")) + cut +
-                                           ids(CLOSURE))
-    assert fork.suffix_ids == ids(FINAL) and out.ended == "thread_ended"
 
 
 def test_outlines_without_a_label_stay_sequential():

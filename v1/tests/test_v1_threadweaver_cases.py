@@ -7,16 +7,14 @@ took each join).
 
 The toy model's served runs (test_formats_threadweaver_in_engine.py)
 cover only the cases the toy happens to write; it never ends a thread at
-EOS, for one. Here one scripted model, on the toy's tokenizer, is behind
-both sides: the controller decodes it call by call as over stock vLLM
-(each call to its stop id, EOS or budget); the plugin's scheduler runs
-it in-engine, driven as the engine core drives it. Each case writes what
-it is named for. The one difference the engine has (a join past the
-window) is asserted where it occurs.
+EOS, for one. Here one scripted model (`threadweaver_scripts`), on the
+toy's tokenizer, is behind both sides: the controller decodes it call by
+call as over stock vLLM (each call to its stop id, EOS or budget); the
+plugin's scheduler runs it in-engine, driven as the engine core drives
+it. Each case writes what it is named for. The one difference the
+engine has (a join past the window) is asserted where it occurs.
 """
 
-import re
-from dataclasses import dataclass, field
 from typing import Optional
 
 import pytest
@@ -24,94 +22,63 @@ from vllm_sequence_hooks.scheduler import SequenceHookScheduler
 
 from sequence_hooks_references.formats import threadweaver_controller as tw
 from sequence_hooks_references.formats.backends import ScriptedBackend
-from sequence_hooks_testkit.formats.threadweaver_toy import (CLOSE_THREAD, EOS,
-                                                             MODEL,
-                                                             OPEN_THREAD,
+from sequence_hooks_testkit.formats import threadweaver_scripts as scripts
+from sequence_hooks_testkit.formats.threadweaver_toy import (EOS, MODEL,
                                                              PROMPT, TOKENIZER)
 from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
                                                    make_request,
                                                    make_scheduler, run_greedy)
 
-# Ends a script with EOS.
-END = "|end|"
 WINDOW = 256
-THREAD_BLOCK = re.compile(r"\n?<Thread>.*?</Thread>", re.DOTALL)
-HEADER = re.compile(r"<Thread>\n([^:]*):")
+PROMPT_TEXT = TOKENIZER.decode(PROMPT)
 
 
-def encode(text: str) -> list[int]:
-    """A script's ids: its text, and EOS where it says ``END``."""
-    body = text.removesuffix(END)
-    ids = TOKENIZER.encode(body, add_special_tokens=False)
-    return ids + [EOS] if text.endswith(END) else ids
-
-
-@dataclass
-class ScriptedModel:
-    """Greedy decoding of fixed scripts: in a thread, its label's script
-    after the header; otherwise ``root``, read with every joined thread
-    left out of the context. Past a script's end: EOS."""
-
-    root: str
-    threads: dict[str, str] = field(default_factory=dict)
-
-    def next_token(self, context: list[int]) -> int:
-        ids = context[len(PROMPT):]
-        opened = max((i for i, t in enumerate(ids) if t == OPEN_THREAD),
-                     default=-1)
-        closed = max((i for i, t in enumerate(ids) if t == CLOSE_THREAD),
-                     default=-1)
-        if opened > closed:
-            text = TOKENIZER.decode(ids[opened:])
-            script = encode(self.threads[HEADER.match(text).group(1)])
-            done = encode(text[text.index(":") + 1:])
-        else:
-            script = encode(self.root)
-            done = encode(THREAD_BLOCK.sub("", TOKENIZER.decode(ids)))
-        if script[:len(done)] != done or len(done) >= len(script):
-            return EOS
-        return script[len(done)]
+def scripted(
+        root: str,
+        threads: Optional[dict[str, str]] = None) -> scripts.ScriptedModel:
+    """The scripted model on the toy's tokenizer (a script ends with EOS
+    where it writes ``</s>``)."""
+    return scripts.ScriptedModel(TOKENIZER, PROMPT_TEXT, root, threads or {})
 
 
 OUTLINES = ("<Parallel>\n<Outlines>\n<Outline>1: a</Outline>\n"
             "<Outline>2: b</Outline>\n</Outlines>")
 CASES = {
     "several outlines":
-    ScriptedModel(OUTLINES + "\n</Parallel>\n24" + END, {
+    scripted(OUTLINES + "\n</Parallel>\n24</s>", {
         "1": " 2 3 6\n</Thread>",
         "2": " 6 4 24\n</Thread>"
     }),
     "a repeated label":
-    ScriptedModel(
-        "<Outlines>\n<Outline>1: a</Outline>\n<Outline>1: again</Outline>\n"
-        "<Outline>3: c</Outline>\n</Outlines>\n7" + END, {
+    scripted(
+        "<Outlines>\n<Outline>1: a</Outline>\n<Outline>1: b</Outline>\n"
+        "<Outline>3: c</Outline>\n</Outlines>\n7</s>", {
             "1": " 1</Thread>",
             "3": " 3</Thread>"
         }),
     "a thread that hits EOS":
-    ScriptedModel(OUTLINES + "\n9", {
-        "1": " 5" + END,
+    scripted(OUTLINES + "\n9", {
+        "1": " 5</s>",
         "2": " 6</Thread>"
     }),
     "a thread that hits the window":
-    ScriptedModel(OUTLINES + "\n9", {
+    scripted(OUTLINES + "\n9", {
         "1": " 5</Thread>",
         "2": " " + "7" * 400
     }),
     "no outline":
-    ScriptedModel("24" + END),
+    scripted("24</s>"),
     "an outline with no label":
-    ScriptedModel("<Outlines>\n<Outline>a: b</Outline>\n</Outlines> 8" + END),
+    scripted("<Outlines>\n<Outline>a: b</Outline>\n</Outlines> 8</s>"),
     "two rounds":
-    ScriptedModel(
-        OUTLINES + "\n5 " + OUTLINES.replace("<Parallel>\n", "") + "\n6" + END,
-        {
+    scripted(
+        OUTLINES + "\n5 " + OUTLINES.replace("<Parallel>\n", "") + "\n6</s>", {
             "1": " 1</Thread>",
             "2": " 2</Thread>"
         }),
     "a thread that writes outlines (threads never fork)":
-    ScriptedModel(
-        OUTLINES + "\n4" + END, {
+    scripted(
+        OUTLINES + "\n4</s>", {
             "1":
             " <Outlines>\n<Outline>3: c</Outline>\n</Outlines> 3</Thread>",
             "2": " 2</Thread>"
@@ -122,15 +89,14 @@ CASES = {
 # <Conclusion>, which the root goes on from (or ends with).
 CONCLUSION_CASES = {
     "several outlines":
-    ScriptedModel(
-        OUTLINES + "\n<Conclusion>\n24\n</Conclusion>\n</Parallel>" + END,
-        CASES["several outlines"].threads),
+    scripted(OUTLINES + "\n<Conclusion>\n24\n</Conclusion>\n</Parallel></s>",
+             CASES["several outlines"].threads),
     "a thread that hits EOS":
     CASES["a thread that hits EOS"],
 }
 
 
-def in_engine(model: ScriptedModel,
+def in_engine(model: scripts.ScriptedModel,
               max_tokens: int,
               special_kwargs: Optional[dict] = None) -> BatchQueueDriver:
     """The answer served by the plugin's scheduler: its driver, run."""
@@ -165,7 +131,7 @@ def test_no_conclusion_false_answers_as_the_controllers_variant(name):
     assert "<Conclusion>" in expected.text
 
 
-def assert_as_controller(model: ScriptedModel,
+def assert_as_controller(model: scripts.ScriptedModel,
                          budget,
                          past_window: bool,
                          no_conclusion: bool = True) -> tw.Rollout:

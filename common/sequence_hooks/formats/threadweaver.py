@@ -33,9 +33,9 @@ from pydantic import ConfigDict, model_validator
 from pydantic.dataclasses import dataclass as options_dataclass
 
 from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Action, Conclude,
-                                    RequestParams, Restart, StartTree)
+                                    RequestParams, Restart)
 from sequence_hooks.fork_join import (NEEDS, Branch, BranchResult,
-                                      ForkJoinPolicy, Joined)
+                                      ForkJoinPolicy, Joined, TriggerPolicy)
 from sequence_hooks.formats import Format, FormatSetting
 from sequence_hooks.lifecycle import Coordinator, FormatPolicy
 from sequence_hooks.members import Member
@@ -75,9 +75,9 @@ def header_text(label: str, first: bool) -> str:
 
 
 @dataclass(frozen=True)
-class ThreadWeaverFormat:
-    """ThreadWeaver's format for one tokenizer, as its RL controller joins
-    it (`ForkJoinFormat`).
+class TagIds:
+    """ThreadWeaver's tags for one tokenizer, as both controllers' formats
+    read them: their ids, and the tokenizer's text codec.
 
     Args:
         outlines_id: `<Outlines>`.
@@ -86,8 +86,6 @@ class ThreadWeaverFormat:
         eos_id: The end-of-sequence token.
         encode: Text to ids, no special tokens added (the controller's).
         decode: Ids to text, special tokens kept (the controller's).
-        no_conclusion: ThreadWeaver's released setting (True).
-        max_steps: The controller's step limit.
     """
 
     outlines_id: int
@@ -96,24 +94,20 @@ class ThreadWeaverFormat:
     eos_id: int
     encode: Callable[[str], list[int]]
     decode: Callable[[list[int]], str]
-    no_conclusion: bool = True
-    max_steps: int = MAX_STEPS
 
     @classmethod
-    def for_tokenizer(cls,
-                      tokenizer: Any,
-                      tags: Mapping[str, str] = TAGS,
-                      no_conclusion: bool = True) -> "ThreadWeaverFormat":
-        """The format with its tags resolved by ``tokenizer``.
+    def resolved(cls, tokenizer: Any, tags: Mapping[str, str],
+                 **fields: Any) -> "TagIds":
+        """A ``cls`` with its tags resolved by ``tokenizer``.
 
         Args:
             tokenizer: A Hugging Face tokenizer (`encode`, `decode`,
                 `eos_token_id`).
             tags: The tag strings by role (`TAGS`' keys).
-            no_conclusion: See the class.
+            fields: The fields of ``cls`` after `TagIds`' own.
 
         Returns:
-            The format.
+            The ``cls``.
 
         Raises:
             ValueError: if a tag is not one token, or the tokenizer has no
@@ -134,8 +128,42 @@ class ThreadWeaverFormat:
             raise ValueError("format 'threadweaver': the tokenizer has no "
                              "end-of-sequence token")
         return cls(ids["outlines"], ids["trigger"], ids["thread_end"],
-                   tokenizer.eos_token_id, encode, tokenizer.decode,
-                   no_conclusion)
+                   tokenizer.eos_token_id, encode, tokenizer.decode, **fields)
+
+
+@dataclass(frozen=True)
+class ThreadWeaverFormat(TagIds):
+    """ThreadWeaver's format for one tokenizer, as its RL controller joins
+    it (`ForkJoinFormat`): `TagIds`' fields, then its own.
+
+    Args:
+        no_conclusion: ThreadWeaver's released setting (True).
+        max_steps: The controller's step limit.
+    """
+
+    no_conclusion: bool = True
+    max_steps: int = MAX_STEPS
+
+    @classmethod
+    def for_tokenizer(cls,
+                      tokenizer: Any,
+                      tags: Mapping[str, str] = TAGS,
+                      no_conclusion: bool = True) -> "ThreadWeaverFormat":
+        """The format with its tags resolved by ``tokenizer``.
+
+        Args:
+            tokenizer: A Hugging Face tokenizer (`encode`, `decode`,
+                `eos_token_id`).
+            tags: The tag strings by role (`TAGS`' keys).
+            no_conclusion: See the class.
+
+        Returns:
+            The format.
+
+        Raises:
+            ValueError: as `TagIds.resolved`.
+        """
+        return cls.resolved(tokenizer, tags, no_conclusion=no_conclusion)
 
     def labels(self, context: Sequence[int]) -> list[str]:
         """The labels after the context's last `<Outlines>`, in order,
@@ -183,27 +211,18 @@ class ThreadWeaverFormat:
 
 
 @dataclass(frozen=True)
-class SimpleEvalFormat:
+class SimpleEvalFormat(TagIds):
     """ThreadWeaver's format as its evaluation's controller
     (`branching_generate`) reads and joins it: in text, each call's
-    prompt the text so far tokenized anew.
+    prompt the text so far tokenized anew: `TagIds`' fields (`encode`: a
+    prompt's text to ids; `decode`: sampled ids to text, as its server
+    gives them), then its own.
 
     Args:
         outlines: The `<Outlines>` tag's text.
-        trigger_id: `</Outlines>`.
-        thread_end_id: `</Thread>`.
-        eos_id: The end-of-sequence token.
-        encode: A prompt's text to ids, no special tokens added (the
-            controller's).
-        decode: Sampled ids to text, special tokens kept (its server's).
     """
 
     outlines: str
-    trigger_id: int
-    thread_end_id: int
-    eos_id: int
-    encode: Callable[[str], list[int]]
-    decode: Callable[[list[int]], str]
 
     @classmethod
     def for_tokenizer(cls,
@@ -220,11 +239,9 @@ class SimpleEvalFormat:
             The format.
 
         Raises:
-            ValueError: as `ThreadWeaverFormat.for_tokenizer`.
+            ValueError: as `TagIds.resolved`.
         """
-        ids = ThreadWeaverFormat.for_tokenizer(tokenizer, tags)
-        return cls(tags["outlines"], ids.trigger_id, ids.thread_end_id,
-                   ids.eos_id, ids.encode, ids.decode)
+        return cls.resolved(tokenizer, tags, outlines=tags["outlines"])
 
     def labels(self, call_text: str) -> list[str]:
         """The labels a call's text gives.
@@ -303,7 +320,7 @@ class _Outlines:
     budgets: dict[str, int]
 
 
-class SimpleEvalPolicy(FormatPolicy):
+class SimpleEvalPolicy(TriggerPolicy):
     """The decisions of ThreadWeaver's evaluation controller
     (`branching_generate`), one engine's trees.
 
@@ -327,10 +344,7 @@ class SimpleEvalPolicy(FormatPolicy):
 
     def __init__(self, coordinator: Coordinator,
                  eval_format: SimpleEvalFormat) -> None:
-        super().__init__(coordinator)
-        self.format = eval_format
-        # `</Outlines>`.
-        self.forking_token_id = eval_format.trigger_id
+        super().__init__(coordinator, eval_format)
         # Per root that has made a call anew, that call.
         self._calls: dict[str, _Call] = {}
         # Per parked root, its outlines.
@@ -350,20 +364,12 @@ class SimpleEvalPolicy(FormatPolicy):
         coordinator, fmt = self.coordinator, self.format
         if token_ids[-1] != fmt.trigger_id or coordinator.is_child(member_id):
             return []
-        actions: list[Action] = []
-        member = coordinator.member(member_id)
-        if member is None:
-            member = coordinator.track_root(member_id, params())
-            actions.append(StartTree(member_id, member.tree.state))
+        member, actions = self._root(member_id, params)
         call = self._calls.get(member_id) or _Call(
             fmt.decode(list(token_ids[:member.start])), member.start)
         sampled = fmt.decode(list(token_ids[call.start:]))
         labels = fmt.labels(sampled)
-        tree = member.tree.state
-        distinct = list(dict.fromkeys(labels))
-        limit = coordinator.special_kwargs.fork_limit(tree.num_spawned)
-        forked = distinct[:limit]
-        tree.num_refused += len(distinct) - len(forked)
+        forked = self._within_limits(member, list(dict.fromkeys(labels)))
         headers = {
             label: tuple(fmt.encode(header_text(label, True)))
             for label in forked
@@ -397,11 +403,8 @@ class SimpleEvalPolicy(FormatPolicy):
         coordinator, fmt = self.coordinator, self.format
         root_id = member.node.request_id
         outlines = self._outlines.pop(root_id)
-        children = coordinator.take_finished_children(member)
-        join, final = fmt.join(outlines.labels, [
-            BranchResult(child.label or "", tuple(child.token_ids),
-                         child.finish_reason or "abort") for child in children
-        ], outlines.budgets)
+        join, final = fmt.join(outlines.labels, self._results(member),
+                               outlines.budgets)
         if not final:
             join += CONTINUATION
         shown = tuple(fmt.encode(join))
