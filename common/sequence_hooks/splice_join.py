@@ -39,9 +39,11 @@ from typing import Any, Optional
 
 from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Action, Conclude,
                                     MemberResult, RequestParams, Resume,
-                                    Splice, SplicedPath, StartTree)
-from sequence_hooks.formats import CONCLUDE, FORK, PARK_RESUME, SPLICE
-from sequence_hooks.lifecycle import Coordinator, FormatPolicy
+                                    Splice, SplicedPath)
+from sequence_hooks.fork_join import TriggerPolicy
+from sequence_hooks.formats import (CONCLUDE, FORK, PARK_RESUME, SPLICE,
+                                    Format, FormatSetting)
+from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.members import Member
 
 # What `SplicePolicy`'s actions need of an engine.
@@ -141,7 +143,7 @@ class _Block:
     paths: list[tuple[str, int]]
 
 
-class SplicePolicy(FormatPolicy):
+class SplicePolicy(TriggerPolicy):
     """The decisions of a format whose join splices its paths' KV.
 
     Args:
@@ -152,9 +154,7 @@ class SplicePolicy(FormatPolicy):
 
     def __init__(self, coordinator: Coordinator,
                  splice_format: SpliceFormat) -> None:
-        super().__init__(coordinator)
-        self.format = splice_format
-        self.forking_token_id = splice_format.trigger_id
+        super().__init__(coordinator, splice_format)
         (self._newline, ) = splice_format.encode(NEWLINE)
         # Per parked member, its open block.
         self._blocks: dict[str, _Block] = {}
@@ -193,18 +193,10 @@ class SplicePolicy(FormatPolicy):
         """The block's paths and the member's park; none (it decodes
         on) without a label or room for a path."""
         coordinator, fmt = self.coordinator, self.format
-        actions: list[Action] = []
-        member = coordinator.member(member_id)
-        if member is None:
-            member = coordinator.track_root(member_id, params())
-            actions.append(StartTree(member_id, member.tree.state))
-        tree = member.tree.state
+        member, actions = self._root(member_id, params)
         labels = fmt.labels(token_ids)
-        if len(labels) > MAX_PATHS:
-            labels = []
-        forked = labels[:coordinator.special_kwargs.fork_limit(tree.num_spawned
-                                                               )]
-        tree.num_refused += len(labels) - len(forked)
+        forked = self._within_limits(
+            member, labels if len(labels) <= MAX_PATHS else [])
         length = len(token_ids)
         contexts = {
             label: (self._newline, *fmt.header(label))
@@ -296,3 +288,33 @@ class SplicePolicy(FormatPolicy):
         for member_id in member.tree.member_ids:
             self._blocks.pop(member_id, None)
             self._closing.discard(member_id)
+
+
+def splice_format(name: str, tags: dict[str, str], label_pattern: re.Pattern,
+                  nests: bool, summary: str) -> Format:
+    """A format of this layout, for the registry.
+
+    Args:
+        name: Its name.
+        tags: Its tags by role (`SpliceFormat.for_tokenizer`).
+        label_pattern: A label, as its goal lists it (group 1).
+        nests: Whether its paths fork blocks of their own.
+        summary: Its line in the list of formats.
+
+    Returns:
+        The format.
+    """
+
+    def policy(coordinator: Coordinator,
+               setting: FormatSetting) -> SplicePolicy:
+        return SplicePolicy(
+            coordinator,
+            SpliceFormat.for_tokenizer(name, setting.tokenizer,
+                                       dict(setting.tags), label_pattern,
+                                       nests))
+
+    return Format(name=name,
+                  policy=policy,
+                  needs=NEEDS,
+                  tags=tags,
+                  summary=summary)

@@ -91,6 +91,9 @@ class TagTokenizer:
         return "".join(self.tags[t] if t < OFFSET else chr(t - OFFSET)
                        for t in token_ids)
 
+    def convert_ids_to_tokens(self, token_ids: list[int]) -> list[str]:
+        return [self.decode([t]) for t in token_ids]
+
 
 def special_kwargs(**limits) -> SpecialKwargs:
     """The fake engine's hook configuration with ``limits``."""

@@ -5,9 +5,8 @@ formats) on the coordinator, model-free: what each event asks of an
 engine, its indices written out by hand from the layout
 (docs/formats.md, "Multiverse and NPR")."""
 
-import re
-
 import pytest
+from fake_engine import TagTokenizer
 
 from sequence_hooks.actions import (Conclude, Fork, MemberResult, Park,
                                     RequestParams, Resume, Splice, SplicedPath,
@@ -19,34 +18,7 @@ from sequence_hooks.special_kwargs import SpecialKwargs
 TAGS = ("<guideline>", "</guideline>", "<plan>", "</plan>", "<step>",
         "</step>", "<takeaway>", "</takeaway>", "<Goal>", "</Goal>",
         "<Outline>", "<Path>", "</Path>", "<Conclusion>", "<eos>")
-OFFSET = 100
-SPLIT = re.compile("(" + "|".join(re.escape(t) for t in TAGS) + ")")
-
-
-class TagTokenizer:
-    """The tags (and `<eos>`) one token each, every other character one
-    token."""
-
-    eos_token_id = TAGS.index("<eos>")
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids = []
-        for piece in SPLIT.split(text):
-            if piece in TAGS:
-                ids.append(TAGS.index(piece))
-            else:
-                ids += [OFFSET + ord(char) for char in piece]
-        return ids
-
-    def decode(self, token_ids: list[int], **kwargs) -> str:
-        return "".join(TAGS[t] if t < OFFSET else chr(t - OFFSET)
-                       for t in token_ids)
-
-    def convert_ids_to_tokens(self, token_ids: list[int]) -> list[str]:
-        return [self.decode([t]) for t in token_ids]
-
-
-TOKENIZER = TagTokenizer()
+TOKENIZER = TagTokenizer(TAGS)
 ids = TOKENIZER.encode
 PROMPT = ids("Q?")
 GUIDELINE = ids("<guideline><plan>1: a</plan><plan>2: bb</plan></guideline>")

@@ -13,35 +13,17 @@ closes the block. A path may open a block of its own (nesting).
 
 import re
 
-from sequence_hooks.formats import Format, FormatSetting
-from sequence_hooks.lifecycle import Coordinator
-from sequence_hooks.splice_join import NEEDS, SpliceFormat, SplicePolicy
+from sequence_hooks.splice_join import splice_format
 
-NAME = "multiverse"
-LABEL_PATTERN = re.compile(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:")
-# The tags the format reads, by role; each must be one token.
-TAGS = {
-    "goal_open": "<Goal>",
-    "trigger": "</Goal>",
-    "path_open": "<Path>",
-    "path_close": "</Path>",
-    "after_open": "<Conclusion>",
-}
-
-
-def _policy(coordinator: Coordinator, setting: FormatSetting) -> SplicePolicy:
-    return SplicePolicy(
-        coordinator,
-        SpliceFormat.for_tokenizer(NAME,
-                                   setting.tokenizer,
-                                   dict(setting.tags),
-                                   LABEL_PATTERN,
-                                   nests=True))
-
-
-FORMAT = Format(name=NAME,
-                policy=_policy,
-                needs=NEEDS,
-                tags=TAGS,
-                summary="a block's outlines fork paths, nested or not, "
-                "joined by their KV at Multiverse's trained positions")
+FORMAT = splice_format(
+    "multiverse", {
+        "goal_open": "<Goal>",
+        "trigger": "</Goal>",
+        "path_open": "<Path>",
+        "path_close": "</Path>",
+        "after_open": "<Conclusion>",
+    },
+    re.compile(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:"),
+    nests=True,
+    summary="a block's outlines fork paths, nested or not, joined by their "
+    "KV at Multiverse's trained positions")

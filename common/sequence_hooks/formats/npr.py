@@ -12,35 +12,17 @@ the steps' KV and computes ``"<takeaway>\\n"``. Steps do not fork again
 
 import re
 
-from sequence_hooks.formats import Format, FormatSetting
-from sequence_hooks.lifecycle import Coordinator
-from sequence_hooks.splice_join import NEEDS, SpliceFormat, SplicePolicy
+from sequence_hooks.splice_join import splice_format
 
-NAME = "npr"
-LABEL_PATTERN = re.compile(r"<plan>\s*([0-9]+(?:\.[0-9]+)*)\s*:")
-# The tags the format reads, by role; each must be one token.
-TAGS = {
-    "goal_open": "<guideline>",
-    "trigger": "</guideline>",
-    "path_open": "<step>",
-    "path_close": "</step>",
-    "after_open": "<takeaway>",
-}
-
-
-def _policy(coordinator: Coordinator, setting: FormatSetting) -> SplicePolicy:
-    return SplicePolicy(
-        coordinator,
-        SpliceFormat.for_tokenizer(NAME,
-                                   setting.tokenizer,
-                                   dict(setting.tags),
-                                   LABEL_PATTERN,
-                                   nests=False))
-
-
-FORMAT = Format(name=NAME,
-                policy=_policy,
-                needs=NEEDS,
-                tags=TAGS,
-                summary="a guideline's plans fork steps, joined by their "
-                "KV at NPR's trained positions")
+FORMAT = splice_format(
+    "npr", {
+        "goal_open": "<guideline>",
+        "trigger": "</guideline>",
+        "path_open": "<step>",
+        "path_close": "</step>",
+        "after_open": "<takeaway>",
+    },
+    re.compile(r"<plan>\s*([0-9]+(?:\.[0-9]+)*)\s*:"),
+    nests=False,
+    summary="a guideline's plans fork steps, joined by their KV at NPR's "
+    "trained positions")
