@@ -23,6 +23,8 @@ RUNNER_SEAMS: tuple[Seam, ...] = (
         "the platform's resolved worker (`CPUWorker`) is swapped for "
         "`SpliceCPUWorker` when the format splices; any other refused",
         PUBLIC_API),
+    Seam("vllm.v1.worker.cpu_worker:CPUWorker", "subclasses",
+         "`SpliceCPUWorker` overrides `init_device` alone", _POSITIONS),
     Seam(
         "vllm.v1.worker.cpu_worker:CPUWorker.init_device", "overrides",
         "after upstream builds the model runner, its class gains "

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from vllm_sequence_hooks.splice_step import STEP_ATTRIBUTE, PositionMap, deltas
 
-from vllm import _custom_ops as ops
+from vllm._custom_ops import cpu_attn_reshape_and_cache
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 
@@ -58,8 +58,8 @@ class TokenLayout:
             key_cache, value_cache = scratch.view(1, heads, 2 * block_size,
                                                   head_size).chunk(2, dim=2)
             fill = (values + 1).expand(shape).to(cache.dtype).contiguous()
-            ops.cpu_attn_reshape_and_cache(fill, -fill, key_cache, value_cache,
-                                           torch.arange(block_size), isa)
+            cpu_attn_reshape_and_cache(fill, -fill, key_cache, value_cache,
+                                       torch.arange(block_size), isa)
             return scratch.reshape(-1).float()
 
         token = probe(torch.arange(block_size).view(-1, 1, 1))

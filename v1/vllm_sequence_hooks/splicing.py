@@ -37,7 +37,6 @@ from vllm_sequence_hooks.splice_step import (STEP_ATTRIBUTE, PositionMap,
 from sequence_hooks.actions import Splice
 from vllm.config import VllmConfig
 from vllm.utils.math_utils import cdiv
-from vllm.v1.core.kv_cache_utils import BlockHash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
 
@@ -85,9 +84,9 @@ def use_splice_worker(vllm_config: VllmConfig) -> None:
     parallel.worker_cls = SPLICE_WORKERS[parallel.worker_cls]
 
 
-def salted_hasher(upstream: Callable[[Request], list[BlockHash]],
-                  boundary: int, salt: bytes,
-                  block_size: int) -> Callable[[Request], list[BlockHash]]:
+def salted_hasher(upstream: Callable[[Request],
+                                     list[bytes]], boundary: int, salt: bytes,
+                  block_size: int) -> Callable[[Request], list[bytes]]:
     """Upstream's block hasher, each hash of a block that ends after
     ``boundary`` salted (a chain no other request computes).
 
@@ -101,12 +100,15 @@ def salted_hasher(upstream: Callable[[Request], list[BlockHash]],
         The hasher.
     """
 
-    def hasher(request: Request) -> list[BlockHash]:
+    def salted(index: int, block_hash: bytes) -> bytes:
+        if (index + 1) * block_size <= boundary:
+            return block_hash
+        return hashlib.sha256(salt + block_hash).digest()
+
+    def hasher(request: Request) -> list[bytes]:
         first = len(request.block_hashes)
         return [
-            block_hash if
-            (first + i + 1) * block_size <= boundary else BlockHash(
-                hashlib.sha256(salt + block_hash).digest())
+            salted(first + i, block_hash)
             for i, block_hash in enumerate(upstream(request))
         ]
 
