@@ -35,7 +35,7 @@ can).
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Action, Conclude,
                                     MemberResult, RequestParams, Resume,
@@ -92,8 +92,7 @@ class SpliceFormat:
         Args:
             name: The format's name.
             tokenizer: A Hugging Face tokenizer.
-            tags: The tag strings by role: ``goal_open``, ``trigger``,
-                ``path_open``, ``path_close``, ``after_open``.
+            tags: The tag strings by role (`SpliceTags`' fields).
             label_pattern: See the class.
             nests: See the class.
 
@@ -290,13 +289,23 @@ class SplicePolicy(TriggerPolicy):
             self._closing.discard(member_id)
 
 
-def splice_format(name: str, tags: dict[str, str], label_pattern: re.Pattern,
+class SpliceTags(NamedTuple):
+    """A format's tags by role, each one token of its models."""
+
+    goal_open: str
+    trigger: str
+    path_open: str
+    path_close: str
+    after_open: str
+
+
+def splice_format(name: str, tags: SpliceTags, label_pattern: re.Pattern,
                   nests: bool, summary: str) -> Format:
     """A format of this layout, for the registry.
 
     Args:
         name: Its name.
-        tags: Its tags by role (`SpliceFormat.for_tokenizer`).
+        tags: Its tags.
         label_pattern: A label, as its goal lists it (group 1).
         nests: Whether its paths fork blocks of their own.
         summary: Its line in the list of formats.
@@ -316,5 +325,5 @@ def splice_format(name: str, tags: dict[str, str], label_pattern: re.Pattern,
     return Format(name=name,
                   policy=policy,
                   needs=NEEDS,
-                  tags=tags,
+                  tags=tags._asdict(),
                   summary=summary)

@@ -91,6 +91,8 @@ def test_conflicting_options_are_refused(tiny_model_path, hooks, options,
 @pytest.mark.parametrize("name, missing", [
     ("threadweaver", "branch_stops .*; conclude .*; restart "),
     ("apr", "arrivals .*; fresh_children .*; held_output .*; restart "),
+    ("npr", "conclude .*; splice "),
+    ("multiverse", "conclude .*; splice "),
 ])
 def test_a_format_v0_does_not_serve_is_refused_at_start(
         tiny_model_path, name, missing):

@@ -9,11 +9,8 @@ manager's blocks and the requests' block hashes in the engine core
 from vllm_sequence_hooks.seams_types import PUBLIC_API, Seam
 
 _RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
-_CPU_RUNNER = "vllm.v1.worker.cpu_model_runner:CPUModelRunner"
 _POSITIONS = ("upstream V1 takes a per-request position offset (or map) "
               "from the scheduler")
-_TOKEN_COPIES = ("upstream V1 copies single tokens' KV between blocks "
-                 "(`kv_cache_token_copies` beside `kv_cache_block_copies`)")
 _SPLICE = ("upstream V1 lets the scheduler give a request blocks other "
            "requests computed")
 
@@ -49,14 +46,16 @@ RUNNER_SEAMS: tuple[Seam, ...] = (
         "request ids and computed counts, the query starts; the cache's "
         "block count; each layer's cache and instruction set from the "
         "static forward context", _POSITIONS),
-    Seam(f"{_CPU_RUNNER}._zero_block_ids", "calls",
-         "zeroes the fresh blocks token copies fill in part", _SPLICE),
+    Seam("vllm.v1.worker.cpu_model_runner:CPUModelRunner._zero_block_ids",
+         "calls", "zeroes the fresh blocks token copies fill in part",
+         _SPLICE),
     Seam(
         "vllm._custom_ops:cpu_attn_reshape_and_cache", "calls",
         "writes a probe block once per cache layout, whose values name "
         "each element's token, head, channel and K or V: where a token "
         "lies in a block (the layout depends on the instruction set)",
-        _TOKEN_COPIES),
+        "upstream V1 copies single tokens' KV between blocks "
+        "(`kv_cache_token_copies` beside `kv_cache_block_copies`)"),
     Seam(
         "vllm.v1.core.sched.output:SchedulerOutput", "relies on",
         "a plain dataclass, pickled whole to every worker: the step's "

@@ -13,16 +13,11 @@ closes the block. A path may open a block of its own (nesting).
 
 import re
 
-from sequence_hooks.splice_join import splice_format
+from sequence_hooks.splice_join import SpliceTags, splice_format
 
 FORMAT = splice_format(
-    "multiverse", {
-        "goal_open": "<Goal>",
-        "trigger": "</Goal>",
-        "path_open": "<Path>",
-        "path_close": "</Path>",
-        "after_open": "<Conclusion>",
-    },
+    "multiverse",
+    SpliceTags("<Goal>", "</Goal>", "<Path>", "</Path>", "<Conclusion>"),
     re.compile(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:"),
     nests=True,
     summary="a block's outlines fork paths, nested or not, joined by their "

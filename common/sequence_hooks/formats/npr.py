@@ -12,16 +12,12 @@ the steps' KV and computes ``"<takeaway>\\n"``. Steps do not fork again
 
 import re
 
-from sequence_hooks.splice_join import splice_format
+from sequence_hooks.splice_join import SpliceTags, splice_format
 
 FORMAT = splice_format(
-    "npr", {
-        "goal_open": "<guideline>",
-        "trigger": "</guideline>",
-        "path_open": "<step>",
-        "path_close": "</step>",
-        "after_open": "<takeaway>",
-    },
+    "npr",
+    SpliceTags("<guideline>", "</guideline>", "<step>", "</step>",
+               "<takeaway>"),
     re.compile(r"<plan>\s*([0-9]+(?:\.[0-9]+)*)\s*:"),
     nests=False,
     summary="a guideline's plans fork steps, joined by their KV at NPR's "
