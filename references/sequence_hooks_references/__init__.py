@@ -8,7 +8,12 @@ yardsticks the engine's hooks and formats are held against (not shipped).
   they import nothing of `sequence_hooks`;
 - `client_join` (in-process) and `client_join_http` (over HTTP): the
   client-side join of promise/sync on a stock engine, run by the hooks'
-  own lifecycle: the peer the benchmarks measure the hooks against.
+  own lifecycle: the peer the benchmarks measure the hooks against;
+- `parallel_layout` (the attention layout NPR's and Multiverse's models
+  are trained with, as served: positions, 4-D mask, forced tokens) and
+  `layout_check` (a Hugging Face model's greedy check of an answer under
+  it, and the sequential reference decoder); they need torch when their
+  tensors are asked for, and import nothing of `sequence_hooks`.
 
 Used by the tests (common/tests, v1/tests, mytests), the benchmarks
 (`sequence_hooks_bench`, benchmarks/) and training/research's evaluation

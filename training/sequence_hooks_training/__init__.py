@@ -17,6 +17,10 @@ Modules:
   format, its tokenizer and its training pieces) and `apr_task`
   (models/apr-toy's Countdown searches in APR's trace format), and
   `toy_tokenizer` (what their tokenizers share);
+- `npr_task` and `multiverse_task` (models/npr-toy's and
+  models/multiverse-toy's task in NPR's and Multiverse's formats, nested
+  blocks in Multiverse's) and `spell_task` (what they share: spell words,
+  answer their last letters);
 - `loop` (the toy models' training loop and the format toys' packed
   runs).
 

@@ -1,0 +1,251 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""NPR and Multiverse served in-engine, checked from outside the engine.
+
+Each toy model (models/npr-toy, models/multiverse-toy) was trained with
+its format's layout: paths at the positions of the goal's newline on,
+unseen by their siblings, what follows a block one past the longest
+path. Served greedy with a KV block of 32 tokens (the CPU backend's
+least; paths start inside blocks, so the join both adopts blocks and
+copies tokens), every answer
+is checked against the references, which share no code with the engine
+(`sequence_hooks_references.parallel_layout` and `.layout_check`):
+
+- every token the model sampled, root and paths, is the argmax of ONE
+  Hugging Face forward of the same checkpoint over the whole final
+  sequence with the layout's 4-D mask and position ids;
+- the answer is the sequential reference decoder's, token for token;
+- the same check rejects a join that concatenates the paths and
+  prefills them (so it can tell the difference);
+- the tree holds each path's label, tokens and logprobs;
+- over `vllm serve` (completions and chat, whole and streamed) the
+  answers are the offline ones, and a prompt that repeats a spliced
+  answer's tokens gets no prefix-cache hit past its first fork.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from sequence_hooks_references.layout_check import (decode_sequential,
+                                                    greedy_mismatches)
+from sequence_hooks_references.parallel_layout import FORMATS, prefill_layout
+from sequence_hooks_testkit.formats.toy_server import (choices,
+                                                       held_out_prompts,
+                                                       toy_server)
+from sequence_hooks_testkit.v1_server import assert_idle
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = {name: ROOT / "models" / f"{name}-toy" for name in FORMATS}
+BLOCK_SIZE = 32
+MAX_MODEL_LEN = 512
+NUM_PROMPTS = 20
+# Answers decoded again by the sequential reference (one forward a token:
+# the suite's slowest check).
+NUM_DECODED = 8
+CHAT_TEMPLATE = "{{ messages[0]['content'] }}"
+# How far a logprob in the tree may be from the reference forward's (the
+# same fp32 model, other batch shapes).
+LOGPROB_TOLERANCE = 1e-3
+
+
+def special_kwargs(name: str) -> str:
+    return json.dumps({"format": name})
+
+
+@pytest.fixture(scope="module", params=sorted(FORMATS))
+def served_format(request, tmp_path_factory):
+    """A format's toy, its reference model and its offline answers."""
+    name = request.param
+    model = MODELS[name]
+    prompts = held_out_prompts(model, NUM_PROMPTS)
+    folder = tmp_path_factory.mktemp(name)
+    cases = folder / "cases.json"
+    cases.write_text(
+        json.dumps([{
+            "name": name,
+            "prompts": prompts,
+            "max_tokens": None,
+            "sampling": {
+                "logprobs": 0
+            },
+        }]))
+    subprocess.run([
+        sys.executable, "-m", "sequence_hooks_testkit.formats.run_in_engine",
+        str(model), name, cases, folder / "out.json", "--block-size",
+        str(BLOCK_SIZE), "--max-model-len",
+        str(MAX_MODEL_LEN)
+    ],
+                   check=True,
+                   timeout=1800)
+    answers = json.loads((folder / "out.json").read_text())[0]["answers"]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    reference = AutoModelForCausalLM.from_pretrained(
+        model, torch_dtype=torch.float32, attn_implementation="eager")
+    prompt_ids = [
+        tokenizer.encode(prompt, add_special_tokens=False)
+        for prompt in prompts
+    ]
+    return name, model, tokenizer, reference, prompt_ids, answers
+
+
+def forking(answers: list[dict]) -> list[int]:
+    """The answers whose tree has paths."""
+    return [
+        i for i, answer in enumerate(answers)
+        if answer["tree"] is not None and answer["tree"]["children"]
+    ]
+
+
+def test_most_answers_fork(served_format):
+    """The check below is not vacuous: the toy forks."""
+    *_, answers = served_format
+    assert len(forking(answers)) >= len(answers) // 2
+
+
+def test_every_sampled_token_is_the_layouts_argmax(served_format):
+    name, _, tokenizer, reference, prompt_ids, answers = served_format
+    tags = FORMATS[name].tags(tokenizer)
+    for prompt, answer in zip(prompt_ids, answers, strict=True):
+        ids = prompt + answer["token_ids"]
+        assert greedy_mismatches(reference, ids, len(prompt), tags) == []
+
+
+def test_a_concatenate_and_prefill_join_fails_that_check(served_format):
+    name, _, tokenizer, reference, prompt_ids, answers = served_format
+    tags = FORMATS[name].tags(tokenizer)
+    failed = 0
+    for i in forking(answers):
+        prompt = prompt_ids[i]
+        ids = prompt + answers[i]["token_ids"]
+        failed += bool(
+            greedy_mismatches(reference,
+                              ids,
+                              len(prompt),
+                              tags,
+                              layout=prefill_layout))
+    assert failed > 0
+
+
+def test_answers_are_the_sequential_reference_decoders(served_format):
+    """Token for token, and path by path with their labels."""
+    name, _, tokenizer, reference, prompt_ids, answers = served_format
+    for prompt, answer in list(zip(prompt_ids, answers))[:NUM_DECODED]:
+        decoded = decode_sequential(reference, tokenizer, prompt,
+                                    FORMATS[name], MAX_MODEL_LEN - len(prompt))
+        assert decoded.ids[len(prompt):] == answer["token_ids"]
+        if answer["tree"] is None:
+            assert not decoded.paths
+            continue
+        top = [path for path in decoded.paths if path.depth == 0]
+        assert [c["label"] for c in answer["tree"]["children"]
+                ] == [path.label for path in top]
+
+
+def test_the_tree_carries_each_paths_tokens_and_logprobs(served_format):
+    """Each path's own tokens (its header is its context) and each one's
+    logprob, as the reference forward gives it; a forced token's none."""
+    name, _, tokenizer, reference, prompt_ids, answers = served_format
+    fmt = FORMATS[name]
+    for i in forking(answers):
+        answer = answers[i]
+        ids = prompt_ids[i] + answer["token_ids"]
+        text = tokenizer.decode(answer["token_ids"])
+        for child in answer["tree"]["children"]:
+            header = fmt.header(child["label"])
+            assert header in text
+            own = child["token_ids"]
+            assert tokenizer.decode(own).endswith(fmt.path_close + "\n")
+            logprobs = child["logprobs"]
+            assert len(logprobs) == len(own)
+            # The newline after the close tag was forced.
+            assert logprobs[-1] is None
+            assert all(entry is not None for entry in logprobs[:-1])
+        assert len(ids) > len(prompt_ids[i])
+
+
+@pytest.fixture(scope="module")
+def served(served_format, tmp_path_factory):
+    """`vllm serve` of the format's toy, as a user starts it."""
+    name, model, *_ = served_format
+    with toy_server(model,
+                    tmp_path_factory.mktemp("served") / "server.log",
+                    ("--special-kwargs", special_kwargs(name),
+                     "--chat-template", CHAT_TEMPLATE, "--block-size",
+                     str(BLOCK_SIZE), "--enable-prompt-tokens-details"),
+                    max_model_len=MAX_MODEL_LEN) as url:
+        yield url
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_over_the_api_the_answers_are_the_offline_ones(served_format, served,
+                                                       chat, stream):
+    """Tokens, whole or streamed; whole, the tree's paths too."""
+    name, model, tokenizer, _, prompt_ids, answers = served_format
+    for prompt, answer in list(zip(prompt_ids, answers))[:6]:
+        body = {
+            "model": str(model),
+            "max_tokens": MAX_MODEL_LEN - len(prompt),
+            "temperature": 0.0,
+            "return_token_ids": True,
+            "stream": stream,
+        }
+        if chat:
+            body["messages"] = [{
+                "role": "user",
+                "content": tokenizer.decode(prompt)
+            }]
+        else:
+            body["prompt"] = prompt
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        got, whole = choices(served, path, body, timeout=300)
+        assert [t for c in got
+                for t in c.get("token_ids") or ()] == answer["token_ids"]
+        if stream:
+            continue
+        tree = (whole.get("kv_transfer_params") or {}).get("promise_tree")
+        if answer["tree"] is None:
+            assert tree is None
+            continue
+        assert [(c["label"], c["token_ids"]) for c in tree["children"]] == [
+            (c["label"], c["token_ids"]) for c in answer["tree"]["children"]
+        ]
+
+
+def test_a_spliced_answer_is_no_prefix_hit_past_its_fork(
+        served_format, served):
+    """A request whose prompt repeats a spliced answer's tokens shares
+    the blocks before the first fork only (their KV is a plain prefix's);
+    the same prompt again shares its own blocks (the cache works)."""
+    _, model, _, _, prompt_ids, answers = served_format
+    i = forking(answers)[0]
+    ids = prompt_ids[i] + answers[i]["token_ids"]
+    fork = len(
+        prompt_ids[i]) + answers[i]["tree"]["children"][0]["fork_position"]
+    assert len(ids) - fork > 2 * BLOCK_SIZE
+
+    def cached_tokens() -> int:
+        _, whole = choices(
+            served, "/v1/completions", {
+                "model": str(model),
+                "prompt": ids,
+                "max_tokens": 1,
+                "temperature": 0.0,
+            })
+        return whole["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert cached_tokens() <= fork // BLOCK_SIZE * BLOCK_SIZE
+    assert cached_tokens() >= (len(ids) - 1) // BLOCK_SIZE * BLOCK_SIZE
+
+
+def test_the_server_holds_nothing_afterwards(served_format, served):
+    """Every path's kept blocks were taken by its join or freed: no KV
+    block in use, no tree, no parked parent (the gauges read; a missing
+    one fails)."""
+    assert_idle(served, timeout_s=30)
