@@ -37,8 +37,9 @@ from sequence_hooks_training import spell_task as spell
 
 MODELS = Path(__file__).resolve().parents[2] / "models"
 FORMATS = {"npr": (NPR, npr_task), "multiverse": (MULTIVERSE, multiverse_task)}
-# Prompts a test decodes (of each model's prompts.jsonl).
-PROMPTS = 8
+# Prompts the tests decode (of each model's prompts.jsonl), and how many
+# of them that fork are decoded with a concatenate-and-prefill join too.
+PROMPTS, PREFILLED = 6, 3
 MAX_TOKENS = 400
 
 
@@ -57,16 +58,22 @@ def toy(request):
 
 @pytest.fixture(scope="module")
 def decoded(toy):
-    """The reference decoder's answers to the first prompts, both joins."""
-    fmt, _, model, tokenizer, prompts = toy
-    answers = {}
-    for join in ("layout", "prefill"):
-        answers[join] = []
-        for record in prompts[:PROMPTS]:
-            ids = tokenizer.encode(record["prompt"], add_special_tokens=False)
-            answers[join].append((len(ids),
-                                  decode_sequential(model, tokenizer, ids, fmt,
-                                                    MAX_TOKENS, join)))
+    """The reference decoder's answers to the first prompts (``layout``),
+    and with a concatenate-and-prefill join to the first `PREFILLED` of
+    them that fork (``prefill``)."""
+    fmt, task_mod, model, tokenizer, prompts = toy
+    answers: dict[str, list] = {"layout": [], "prefill": []}
+    for record in prompts[:PROMPTS]:
+        ids = tokenizer.encode(record["prompt"], add_special_tokens=False)
+        answers["layout"].append(
+            (len(ids), decode_sequential(model, tokenizer, ids, fmt,
+                                         MAX_TOKENS)))
+        if (record["kind"] != "one word"
+                and len(answers["prefill"]) < PREFILLED):
+            answers["prefill"].append(
+                (len(ids),
+                 decode_sequential(model, tokenizer, ids, fmt, MAX_TOKENS,
+                                   "prefill")))
     return answers
 
 
@@ -83,10 +90,14 @@ def test_the_decoders_answers_pass_the_checker(toy, decoded):
 
 
 def contexts(ids: list[int], tags) -> list[tuple[list[int], range]]:
-    """Per path of ``ids``, what a parallel engine's child of it holds:
-    the indices of its context (the prefix it forked from, the enclosing
-    paths' tokens up to the fork, its own span) and its own span."""
+    """Per path of ``ids`` that holds no block of its own, what a parallel
+    engine's child of it holds: the indices of its context (the prefix it
+    forked from, the enclosing paths' tokens up to the fork, its own span)
+    and its own span. (A path holding a nested block is no plain causal
+    sequence: its inner paths do not see each other; `greedy_mismatches`
+    checks it under the mask.)"""
     layout = parse_layout(ids, tags)
+    nested = [block.start for block in layout.blocks if block.parent]
     prefix = {}
     out = []
     for block in layout.blocks:
@@ -99,7 +110,8 @@ def contexts(ids: list[int], tags) -> list[tuple[list[int], range]]:
             before = prefix[id(block.parent)] + list(range(outer.start, first))
         prefix[id(block)] = before
         out += [(before + list(range(p.start, p.end)), range(p.start, p.end))
-                for p in block.paths]
+                for p in block.paths
+                if not any(p.start < start < p.end for start in nested)]
     return out
 
 
