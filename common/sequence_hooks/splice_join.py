@@ -30,21 +30,31 @@ can).
   tokens computed); a path that ended otherwise (end of text, its
   budget) ends the answer with the paths' text up to it instead;
 - a path forks blocks of its own if the format nests (Multiverse).
+
+With the option ``join: "prefill"`` (`SpliceOptions`) the paths run as
+plain children instead, positioned by their length, and the join
+appends the same tokens and computes them: the concatenate-and-prefill
+approximation a fork/join on stock vLLM makes, served for comparison
+only (its models were not trained with it).
 """
 
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple, Optional
+from typing import Any, Literal, NamedTuple, Optional
+
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as options_dataclass
 
 from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Action, Conclude,
                                     MemberResult, RequestParams, Resume,
-                                    Splice, SplicedPath)
+                                    Splice, SplicedPath, derive_seed)
 from sequence_hooks.fork_join import TriggerPolicy
 from sequence_hooks.formats import (CONCLUDE, FORK, PARK_RESUME, SPLICE,
                                     Format, FormatSetting)
 from sequence_hooks.lifecycle import Coordinator
 from sequence_hooks.members import Member
+from sequence_hooks.tree import LiveNode
 
 # What `SplicePolicy`'s actions need of an engine.
 NEEDS = frozenset({FORK, PARK_RESUME, CONCLUDE, SPLICE})
@@ -142,6 +152,17 @@ class _Block:
     paths: list[tuple[str, int]]
 
 
+@options_dataclass(config=ConfigDict(extra="forbid", strict=True))
+class SpliceOptions:
+    """A splicing format's options (``format_options``)."""
+
+    join: Literal["splice", "prefill"] = "splice"
+    """``"splice"``: the join reuses the paths' KV at the positions the
+    models were trained with. ``"prefill"``: the paths run as plain
+    children and the join appends their tokens and computes them (the
+    concatenate-and-prefill approximation), to compare against."""
+
+
 class SplicePolicy(TriggerPolicy):
     """The decisions of a format whose join splices its paths' KV.
 
@@ -149,11 +170,16 @@ class SplicePolicy(TriggerPolicy):
         coordinator: The coordinator it decides for (its
             `special_kwargs`' limits cap the paths of one block).
         splice_format: The format.
+        prefill_join: Whether its join appends the paths' tokens and
+            computes them (``join: "prefill"``) instead of splicing.
     """
 
-    def __init__(self, coordinator: Coordinator,
-                 splice_format: SpliceFormat) -> None:
+    def __init__(self,
+                 coordinator: Coordinator,
+                 splice_format: SpliceFormat,
+                 prefill_join: bool = False) -> None:
         super().__init__(coordinator, splice_format)
+        self._prefill_join = prefill_join
         (self._newline, ) = splice_format.encode(NEWLINE)
         # Per parked member, its open block.
         self._blocks: dict[str, _Block] = {}
@@ -208,13 +234,14 @@ class SplicePolicy(TriggerPolicy):
             return actions
         block = _Block(length, [])
         for label in forked:
-            fork = coordinator.fork(member,
-                                    length,
-                                    contexts[label],
-                                    member.seed,
-                                    None,
-                                    label=label,
-                                    position_shift=(1, -1))
+            fork = coordinator.fork(
+                member,
+                length,
+                contexts[label],
+                member.seed,
+                None,
+                label=label,
+                position_shift=None if self._prefill_join else (1, -1))
             block.paths.append(
                 (fork.request_id, length + len(contexts[label])))
             actions.append(fork)
@@ -264,6 +291,8 @@ class SplicePolicy(TriggerPolicy):
             total = appended - 1 + len(closing)
             fits = (length + total < coordinator.max_model_len
                     and (budget is None or used + total < budget))
+            if fits and self._prefill_join:
+                return [self._prefill(member, used, children, closing)]
             if fits:
                 coordinator.record_merged(member, used, total)
                 return [
@@ -272,15 +301,35 @@ class SplicePolicy(TriggerPolicy):
                 ]
         # As one decoding of the paths in turn would end: with the first
         # path that did not close.
-        joined: list[int] = [self._newline]
-        for child in children:
-            joined += [*fmt.header(child.label or ""), *child.token_ids]
-            if child.token_ids[-2:] != [fmt.path_close_id, self._newline]:
-                break
+        joined = self._joined(children)
         if budget is not None:
             joined = joined[:max(budget - used, 0)]
         coordinator.record_merged(member, used, len(joined))
         return [Conclude(member_id, tuple(joined), MERGED_TOKEN_LOGPROB)]
+
+    def _joined(self, children: list[LiveNode]) -> list[int]:
+        """The paths' text as one decoding of them in turn gives it: the
+        newline, then each path's header and tokens, up to the first
+        path that did not close."""
+        fmt = self.format
+        joined = [self._newline]
+        for child in children:
+            joined += [*fmt.header(child.label or ""), *child.token_ids]
+            if child.token_ids[-2:] != [fmt.path_close_id, self._newline]:
+                break
+        return joined
+
+    def _prefill(self, member: Member, used: int, children: list[LiveNode],
+                 closing: tuple[int, ...]) -> Resume:
+        """The concatenate-and-prefill join: the paths' text, then the
+        closing tag, all computed."""
+        joined = (*self._joined(children), *closing)
+        self.coordinator.record_merged(member, used, len(joined))
+        seed = None
+        if member.seed is not None and self.coordinator.reseeds_on_resume:
+            seed = member.seed = derive_seed(member.seed, f"resume-{used}")
+        return Resume(member.node.request_id, joined, MERGED_TOKEN_LOGPROB,
+                      seed)
 
     def forget(self, member: Member) -> None:
         """Drops the tree's open blocks and closing paths."""
@@ -316,14 +365,15 @@ def splice_format(name: str, tags: SpliceTags, label_pattern: re.Pattern,
 
     def policy(coordinator: Coordinator,
                setting: FormatSetting) -> SplicePolicy:
-        return SplicePolicy(
-            coordinator,
-            SpliceFormat.for_tokenizer(name, setting.tokenizer,
-                                       dict(setting.tags), label_pattern,
-                                       nests))
+        return SplicePolicy(coordinator,
+                            SpliceFormat.for_tokenizer(name, setting.tokenizer,
+                                                       dict(setting.tags),
+                                                       label_pattern, nests),
+                            prefill_join=setting.options.join == "prefill")
 
     return Format(name=name,
                   policy=policy,
                   needs=NEEDS,
                   tags=tags._asdict(),
+                  options=SpliceOptions,
                   summary=summary)

@@ -25,8 +25,10 @@ GUIDELINE = ids("<guideline><plan>1: a</plan><plan>2: bb</plan></guideline>")
 NEWLINE = ids("\n")
 
 
-def coordinator(name: str = "npr") -> Coordinator:
-    return Coordinator.for_format(SpecialKwargs(format=name),
+def coordinator(name: str = "npr", **options) -> Coordinator:
+    return Coordinator.for_format(SpecialKwargs(format=name,
+                                                format_options=options
+                                                or None),
                                   1000,
                                   TOKENIZER,
                                   clock=lambda: 0.0)
@@ -86,6 +88,36 @@ def test_a_path_gets_its_newline_then_ends_and_the_join_splices():
     tree = hooks.tree_of("r")
     assert [child.token_ids for child in tree.root.children
             ] == [ids("x</step>\n"), ids("yyy</step>\n")]
+
+
+def test_the_prefill_join_runs_plain_paths_and_computes_their_text():
+    """``join: "prefill"``: the paths positioned by their length, the join
+    their text after the newline, then `<takeaway>`, all of it computed."""
+    hooks = coordinator(join="prefill")
+    context = PROMPT + GUIDELINE
+    forks = [
+        a for a in hooks.sampled("r", context, params) if isinstance(a, Fork)
+    ]
+    assert [fork.position_shift for fork in forks] == [None, None]
+    joins = []
+    for fork, body in zip(forks, ("x</step>", "yyy</step>")):
+        child = context + list(fork.context_tokens) + ids(body)
+        hooks.sampled(fork.request_id, child, params)
+        hooks.sampled(fork.request_id, child + NEWLINE + ids("z"), params)
+        joins += hooks.finished(fork.request_id, "stop",
+                                MemberResult(ids(body + "\nz"), None))
+    assert joins == [
+        Resume(
+            "r",
+            tuple(
+                ids("\n<step>\n1:x</step>\n<step>\n2:yyy</step>\n"
+                    "<takeaway>\n")), 0.0, None)
+    ]
+
+
+def test_an_unknown_join_is_refused_at_start():
+    with pytest.raises(ValueError, match="join"):
+        coordinator(join="concatenate")
 
 
 def test_a_path_that_does_not_close_ends_the_answer_with_the_text():

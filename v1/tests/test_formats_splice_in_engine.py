@@ -18,6 +18,7 @@ is checked against the references, which share no code with the engine
 - the same check rejects a join that concatenates the paths and
   prefills them (so it can tell the difference);
 - the tree holds each path's label, tokens and logprobs;
+- the scheduler computes, at a join, the closing tag alone;
 - over `vllm serve` (completions and chat, whole and streamed) the
   answers are the offline ones, and a prompt that repeats a spliced
   answer's tokens gets no prefix-cache hit past its first fork.
@@ -33,7 +34,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sequence_hooks_references.layout_check import (decode_sequential,
-                                                    greedy_mismatches)
+                                                    greedy_mismatches,
+                                                    layout_logits)
 from sequence_hooks_references.parallel_layout import FORMATS, prefill_layout
 from sequence_hooks_testkit.formats.toy_server import (choices,
                                                        held_out_prompts,
@@ -44,7 +46,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MODELS = {name: ROOT / "models" / f"{name}-toy" for name in FORMATS}
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 512
-NUM_PROMPTS = 20
+# Every held-out prompt of the toys (prompts.jsonl).
+NUM_PROMPTS = 24
 # Answers decoded again by the sequential reference (one forward a token:
 # the suite's slowest check).
 NUM_DECODED = 8
@@ -147,26 +150,95 @@ def test_answers_are_the_sequential_reference_decoders(served_format):
                 ] == [path.label for path in top]
 
 
+def placed_nodes(node: dict, offset: int, ids: list[int], tokenizer,
+                 fmt) -> list[tuple[dict, int]]:
+    """The node and its descendants, each with the index in ``ids`` (the
+    answer's final sequence) where its own tokens start.
+
+    A block's paths follow the newline after the fork in label order, each
+    after its header; a path's nested blocks lie within its own tokens.
+    """
+    own = node["token_ids"]
+    assert ids[offset:offset + len(own)] == own
+    placed = [(node, offset)]
+    cursor, fork = None, None
+    for child in node["children"]:
+        if child["fork_position"] != fork:
+            fork = child["fork_position"]
+            # The goal's closing tag is the last token of the fork.
+            assert ids[offset + fork - 1] == fmt.tags(tokenizer).goal_close
+            cursor = offset + fork + 1
+        header = tokenizer.encode(fmt.header(child["label"]),
+                                  add_special_tokens=False)
+        assert ids[cursor:cursor + len(header)] == header
+        placed += placed_nodes(child, cursor + len(header), ids, tokenizer,
+                               fmt)
+        cursor += len(header) + len(child["token_ids"])
+    return placed
+
+
 def test_the_tree_carries_each_paths_tokens_and_logprobs(served_format):
-    """Each path's own tokens (its header is its context) and each one's
-    logprob, as the reference forward gives it; a forced token's none."""
+    """Every node of the tree, nested paths too, holds its own tokens (a
+    path's header is its context, its forced newline its last token) with
+    the reference forward's logprob for each token it sampled, and none
+    for each token merged into it (a newline, a join's spliced paths and
+    closing tag), as `merged_spans` says."""
     name, _, tokenizer, reference, prompt_ids, answers = served_format
     fmt = FORMATS[name]
+    tags = fmt.tags(tokenizer)
+    nested = 0
+    for i in forking(answers):
+        answer, prompt = answers[i], prompt_ids[i]
+        ids = prompt + answer["token_ids"]
+        assert answer["tree"]["token_ids"] == answer["token_ids"]
+        expected = torch.log_softmax(layout_logits(reference, ids, tags),
+                                     dim=-1)
+        for node, offset in placed_nodes(answer["tree"], len(prompt), ids,
+                                         tokenizer, fmt):
+            own, logprobs = node["token_ids"], node["logprobs"]
+            merged = [False] * len(own)
+            for start, count in node["merged_spans"]:
+                merged[start:start + count] = [True] * count
+            assert [entry is None for entry in logprobs] == merged
+            if node["depth"] > 0:
+                assert tokenizer.decode(own).endswith(fmt.path_close + "\n")
+                assert merged[-1]
+            nested += node["depth"] > 1
+            for k, entry in enumerate(logprobs):
+                if entry is not None:
+                    at = offset + k
+                    assert entry == pytest.approx(expected[at - 1,
+                                                           ids[at]].item(),
+                                                  abs=LOGPROB_TOLERANCE)
+    # Multiverse's toy nests: the recursion above is not vacuous.
+    assert nested > 0 or not fmt.nests
+
+
+def test_a_join_computes_its_closing_tag_alone(served_format):
+    """What the engine's scheduler gave each member of a tree to compute
+    (`SchedulerOutput.num_scheduled_tokens`, per step): a path first the
+    goal's closing tag, the newline and its header (its parent's KV holds
+    the rest), then one token a step and, at its end, its closing tag with
+    the newline given to it; at each join, its member the format's
+    closing text alone: no path's token is computed again."""
+    name, _, tokenizer, _, prompt_ids, answers = served_format
+    fmt = FORMATS[name]
+    closing = len(tokenizer.encode(fmt.after_text(), add_special_tokens=False))
     for i in forking(answers):
         answer = answers[i]
         ids = prompt_ids[i] + answer["token_ids"]
-        text = tokenizer.decode(answer["token_ids"])
-        for child in answer["tree"]["children"]:
-            header = fmt.header(child["label"])
-            assert header in text
-            own = child["token_ids"]
-            assert tokenizer.decode(own).endswith(fmt.path_close + "\n")
-            logprobs = child["logprobs"]
-            assert len(logprobs) == len(own)
-            # The newline after the close tag was forced.
-            assert logprobs[-1] is None
-            assert all(entry is not None for entry in logprobs[:-1])
-        assert len(ids) > len(prompt_ids[i])
+        for node, _ in placed_nodes(answer["tree"], len(prompt_ids[i]), ids,
+                                    tokenizer, fmt):
+            counts = answer["scheduled"][node["request_id"]]
+            joins = len({child["fork_position"] for child in node["children"]})
+            expected = [closing] * joins
+            if node["depth"] > 0:
+                header = tokenizer.encode(fmt.header(node["label"]),
+                                          add_special_tokens=False)
+                assert counts[0] == 2 + len(header)
+                expected.append(2)
+            assert sorted(count for count in counts[1:]
+                          if count != 1) == sorted(expected)
 
 
 @pytest.fixture(scope="module")

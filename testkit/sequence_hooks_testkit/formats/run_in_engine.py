@@ -17,12 +17,52 @@ special tokens, or with ``"text": true`` sent as text (tokenized as the
 completions API does: APR's controller sends text).
 ``--format-options`` gives the format's ``format_options``;
 ``--block-size`` the KV cache's block size (this CPU's default: 128).
+
+Each answer also carries ``scheduled``: per request of its tree (by
+request id; the root's is the answer's), the tokens the engine's
+scheduler gave it to compute in each step it ran, in order (what the
+engine computed, read from each step's `SchedulerOutput`).
 """
 
 import argparse
 import json
 import os
+from collections import defaultdict
 from pathlib import Path
+
+
+def record_scheduled(llm) -> dict[str, list[int]]:
+    """Wraps the in-process engine's scheduler so that each step's tokens
+    per request are recorded.
+
+    Returns:
+        The record: per request id, its tokens computed per step.
+    """
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    scheduled: dict[str, list[int]] = defaultdict(list)
+    schedule = scheduler.schedule
+
+    def recorded(*args, **kwargs):
+        output = schedule(*args, **kwargs)
+        for request_id, count in output.num_scheduled_tokens.items():
+            scheduled[request_id].append(count)
+        return output
+
+    scheduler.schedule = recorded
+    return scheduled
+
+
+def request_ids(output, tree) -> list[str]:
+    """The answer's request ids: its tree's nodes' (``tree`` is its
+    root), or the output's."""
+    if tree is None:
+        return [output.request_id]
+    nodes, ids = [tree], []
+    while nodes:
+        node = nodes.pop()
+        ids.append(node.request_id)
+        nodes += node.children
+    return ids
 
 
 def main() -> None:
@@ -55,6 +95,7 @@ def main() -> None:
                   "format_options": args.format_options
               })
     tokenizer = llm.get_tokenizer()
+    scheduled = record_scheduled(llm)
     results = []
     for case in json.loads(args.cases.read_text()):
         prompts = case["prompts"] if case.get("text") else [
@@ -74,7 +115,11 @@ def main() -> None:
                     dict(token_ids=list(completion.token_ids),
                          text=completion.text,
                          finish_reason=completion.finish_reason,
-                         tree=None if tree is None else tree.to_dict()))
+                         tree=None if tree is None else tree.to_dict(),
+                         scheduled={
+                             request_id: scheduled[request_id]
+                             for request_id in request_ids(output, tree)
+                         }))
         results.append({"name": case["name"], "answers": answers})
     args.out.write_text(json.dumps(results))
 
