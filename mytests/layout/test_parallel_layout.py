@@ -19,7 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from sequence_hooks_references.parallel_layout import (MULTIVERSE, NPR,
-                                                       LayoutTags, forced_mask,
+                                                       forced_mask,
                                                        parallel_layout,
                                                        parse_layout,
                                                        prefill_layout)
@@ -34,22 +34,18 @@ VOCAB = [
     "</Conclusion>", "</Parallel>"
 ]
 ID = {t: i for i, t in enumerate(VOCAB)}
-NPR_TAGS = LayoutTags(block_open=ID["<guideline>"],
-                      goal_close=ID["</guideline>"],
-                      path_open=ID["<step>"],
-                      path_close=ID["</step>"],
-                      after_open=ID["<takeaway>"],
-                      newline=ID["\n"],
-                      header_end=ID[":"])
-MULTIVERSE_TAGS = LayoutTags(block_open=ID["<Parallel>"],
-                             goal_close=ID["</Goal>"],
-                             path_open=ID["<Path>"],
-                             path_close=ID["</Path>"],
-                             after_open=ID["<Conclusion>"],
-                             newline=ID["\n"],
-                             header_end=ID[":"],
-                             block_close=ID["</Parallel>"],
-                             nests=True)
+
+
+class VocabTokenizer:
+    """Encodes a text that is one entry of `VOCAB` (as a tag is one token
+    of a format's models)."""
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return [ID[text]]
+
+
+NPR_TAGS = NPR.tags(VocabTokenizer())
+MULTIVERSE_TAGS = MULTIVERSE.tags(VocabTokenizer())
 
 # Two NPR blocks; the first's paths are 6 and 5 long (L_i from G), the
 # second's path has no "\n" after its close. Token, then its position.

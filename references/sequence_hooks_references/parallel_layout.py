@@ -438,24 +438,11 @@ class ParallelFormat:
                           nests=self.nests)
 
 
-NPR = ParallelFormat(name="npr",
-                     block_open="<guideline>",
-                     goal_close="</guideline>",
-                     path_open="<step>",
-                     path_close="</step>",
-                     after_open="<takeaway>",
-                     block_close=None,
-                     nests=False,
-                     goal_open="<guideline>",
-                     plan_open="<plan>")
-MULTIVERSE = ParallelFormat(name="multiverse",
-                            block_open="<Parallel>",
-                            goal_close="</Goal>",
-                            path_open="<Path>",
-                            path_close="</Path>",
-                            after_open="<Conclusion>",
-                            block_close="</Parallel>",
-                            nests=True,
-                            goal_open="<Goal>",
-                            plan_open="<Outline>")
+# By field: name, block_open, goal_close, path_open, path_close,
+# after_open, block_close, nests, goal_open, plan_open.
+NPR = ParallelFormat("npr", "<guideline>", "</guideline>", "<step>", "</step>",
+                     "<takeaway>", None, False, "<guideline>", "<plan>")
+MULTIVERSE = ParallelFormat("multiverse", "<Parallel>", "</Goal>", "<Path>",
+                            "</Path>", "<Conclusion>", "</Parallel>", True,
+                            "<Goal>", "<Outline>")
 FORMATS = {f.name: f for f in (NPR, MULTIVERSE)}

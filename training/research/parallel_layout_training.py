@@ -73,35 +73,12 @@ def batch(tokenizer, rows: int, width: int, pending: list,
         Token ids, loss mask, position ids (rows, width) and the additive
         float mask (rows, 1, width, width).
     """
-    tokens = torch.full((rows, width), tokenizer.pad_token_id)
-    loss = torch.zeros((rows, width))
-    positions = torch.zeros((rows, width), dtype=torch.long)
-    # Padding sees itself only, so that no row of the mask is empty.
-    sees = torch.eye(width, dtype=torch.bool).repeat(rows, 1, 1)
-    for b in range(rows):
-        offset = 0
-        while True:
-            while not pending:
-                item = refill()
-                if len(item[0]) <= width:
-                    pending.append(item)
-            ids, trained, pos, mask = pending[0]
-            if offset + len(ids) > width:
-                if offset == 0:
-                    raise ValueError(f"a sequence of {len(ids)} tokens does "
-                                     f"not fit a row of {width}")
-                break
-            pending.pop(0)
-            end = offset + len(ids)
-            tokens[b, offset:end] = torch.tensor(ids)
-            loss[b, offset:end] = torch.tensor(trained, dtype=torch.float)
-            positions[b, offset:end] = torch.tensor(pos)
-            sees[b, offset:end, offset:end] = mask
-            offset = end
+    tokens, loss, positions, sees = loop.pack_rows(tokenizer, rows, width,
+                                                   pending, lambda: [refill()])
     additive = torch.zeros(sees.shape).masked_fill(
         ~sees,
         torch.finfo(torch.float).min)
-    return tokens, loss, positions, additive.unsqueeze(1)
+    return tokens, loss, positions, additive
 
 
 def parser(doc: str, out: Path, steps: int,

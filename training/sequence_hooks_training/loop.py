@@ -76,7 +76,8 @@ def pack_rows(tokenizer, rows: int, width: int, pending: list,
         refill: More items (one task's), each ``(ids, loss mask,
             positions, sees)``: per token ``(fork, segment start)``, it
             sees its item's tokens ``[0, fork)`` and its own segment from
-            ``segment start`` on (``(0, 0)``: every earlier token).
+            ``segment start`` on (``(0, 0)``: every earlier token); or
+            ``sees`` is the item's boolean mask itself, a tensor.
 
     Returns:
         Tokens, loss mask, positions, and the boolean attention mask
@@ -100,6 +101,10 @@ def pack_rows(tokenizer, rows: int, width: int, pending: list,
             tokens[b, offset:end] = torch.tensor(ids)
             loss[b, offset:end] = torch.tensor(mask, dtype=torch.float)
             positions[b, offset:end] = torch.tensor(pos)
+            if isinstance(sees, torch.Tensor):
+                attend[b, offset:end, offset:end] = sees
+                offset = end
+                continue
             for i, (fork, start) in enumerate(sees):
                 row = attend[b, offset + i]
                 if start == 0:
