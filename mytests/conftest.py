@@ -1,12 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Fixtures shared by the fork's tests: the V0 engine and the tiny model."""
+"""Fixtures shared by the fork's tests: the V0 engine, the tiny model and
+the server several modules share."""
 
 from pathlib import Path
 
 import pytest
 
 from sequence_hooks_testkit.engines import tiny_llm
+from sequence_hooks_testkit.served import start, stop, wait_ready
+# The shared servers' hooks (their users declared, each stopped once no
+# test left needs it).
+from sequence_hooks_testkit.shared_servers import (  # noqa: F401 (hooks)
+    Declared, SharedServers, for_module, pytest_collection_finish,
+    pytest_configure, pytest_runtest_teardown, register)
 from sequence_hooks_testkit.tiny_model import (HookIds, build_tiny_model,
                                                build_tokenizer, tiny_hook_ids)
 from sequence_hooks_training import expand_eval
@@ -82,3 +89,39 @@ def expand_model_path() -> Path:
 def expand_llm(expand_model_path):
     """The embedded model on the hooked engine, as its card measures it."""
     return expand_eval.load(str(expand_model_path))
+
+
+@pytest.fixture(scope="session")
+def all_shared_servers(request, tiny_model_path, hook_ids, tmp_path_factory):
+    """The servers several modules share, by name (`shared_servers`: each
+    starts at its first use and stops once no test left declares it; a
+    test that ends one takes it): "hooked", the hooked server of
+    `served.start`, its known answer recorded, in a session of its own
+    (test_client_join.py, test_server_faults.py, test_serving.py; taken
+    by test_shutdown.py)."""
+
+    def hooked():
+        log = tmp_path_factory.mktemp("hooked-server") / "server.log"
+        server = start("hooked",
+                       tiny_model_path,
+                       log,
+                       hook_ids,
+                       own_session=True)
+        try:
+            wait_ready(server)
+        except BaseException:
+            stop(server)
+            raise
+        return server
+
+    servers = SharedServers({"hooked": hooked}, stop)
+    register(request, servers)
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_servers(request, all_shared_servers) -> Declared:
+    """The shared servers the module declares
+    (``pytestmark = pytest.mark.shares(name, ...)``)."""
+    return for_module(request)

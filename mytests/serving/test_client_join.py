@@ -25,6 +25,9 @@ from sequence_hooks_testkit.engines import run_hooked, tiny_llm
 from sequence_hooks_testkit.programs import NONE, PROMPTS, programs
 from sequence_hooks_testkit.server import running_server, scripted_request_body
 
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares("hooked")
+
 # Room to spare, and a budget that cuts children and merges.
 BUDGETS = [64, 6]
 # The stock engine gets the scheduling options the hooks turn on: chunked
@@ -174,13 +177,15 @@ def test_in_process_join_equals_hooks(hooked_llm, stock_llm, hook_ids,
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_model_path, tmp_path_factory):
-    """A hooked and a stock `vllm serve` of the tiny model."""
+def servers(tiny_model_path, tmp_path_factory, shared_servers):
+    """A hooked (the suite's shared one) and a stock `vllm serve` of the
+    tiny model."""
+    hooked = shared_servers.get("hooked").base
     logs = tmp_path_factory.mktemp("client-join-servers")
-    with running_server(tiny_model_path, logs / "hooked.log") as hooked, \
-            running_server(tiny_model_path, logs / "stock.log",
-                           special_kwargs=None,
-                           extra=STOCK_SERVER_OPTIONS) as stock:
+    with running_server(tiny_model_path,
+                        logs / "stock.log",
+                        special_kwargs=None,
+                        extra=STOCK_SERVER_OPTIONS) as stock:
         yield hooked, stock
 
 

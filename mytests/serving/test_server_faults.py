@@ -2,12 +2,12 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """No request can take the server down (issue 15), on real `vllm serve`.
 
-Two servers on loopback, started once a session on the tiny model: one
-with sequence hooks (its requests run a promise/sync program, so the hooks
-act on every option sent to it) and one stock. The regression tests cover
-each fault found; the sweep sends every request field of the completions
-and chat APIs to both. After every request each server must answer
-`/health` and give its known request its known answer.
+Two servers on loopback on the tiny model: one with sequence hooks (the
+suite's shared one: its requests run a promise/sync program, so the
+hooks act on every option sent to it) and one stock. The regression
+tests cover each fault found; the sweep sends every request field of
+the completions and chat APIs to both. After every request each server
+must answer `/health` and give its known request its known answer.
 """
 
 import concurrent.futures
@@ -25,24 +25,26 @@ from vllm.entrypoints.openai.protocol import (ChatCompletionRequest,
                                               CompletionRequest)
 from vllm.sampling_params import BeamSearchParams
 
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares("hooked")
+
 VOCAB_SIZE = len(build_tokenizer())
 HOOKS_REFUSE = "sequence hooks"
 
 
-@pytest.fixture(scope="session")
-def servers(tiny_model_path, hook_ids, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("fault-servers")
-    started = [
-        start(name, tiny_model_path, logs / f"{name}.log", hook_ids)
-        for name in ("hooked", "stock")
-    ]
+@pytest.fixture(scope="module")
+def servers(tiny_model_path, hook_ids, tmp_path_factory, shared_servers):
+    """The suite's shared hooked server and a stock one (started first:
+    the two start at once when the hooked one is not running yet)."""
+    stock = start("stock", tiny_model_path,
+                  tmp_path_factory.mktemp("fault-servers") / "stock.log",
+                  hook_ids)
     try:
-        for server in started:
-            wait_ready(server)
-        yield {server.name: server for server in started}
+        hooked = shared_servers.get("hooked")
+        wait_ready(stock)
+        yield {"hooked": hooked, "stock": stock}
     finally:
-        for server in started:
-            stop(server)
+        stop(stock)
 
 
 @pytest.fixture(params=["hooked", "stock"])

@@ -2,37 +2,52 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`vllm serve --special-kwargs`: the OpenAI API over a real server.
 
-One server (V0, its engine in its own process) runs the tiny model on a
-free loopback port for the module. Promise/sync programs are forced per
-request through `logits_processors` in the request body, which the server
-builds from `scripted_hooks.from_role_plans` (allowed by
-`--logits-processor-pattern`). Every wait is bounded.
+One server (V0, its engine in its own process: the suite's shared one)
+runs the tiny model on a free loopback port. Promise/sync programs are
+forced per request through `logits_processors` in the request body, which
+the server builds from `scripted_hooks.from_role_plans` (allowed by
+`--logits-processor-pattern`). What `vllm serve` refuses at start and
+its help run as the `vllm` command runs them, vLLM imported once for them
+all (`cli_forks`). Every wait is bounded.
 """
 
 import json
-import subprocess
+import sys
 import time
 
 import httpx
 import openai
 import pytest
 
+from sequence_hooks_testkit.cli_forks import ForkedCommands
 from sequence_hooks_testkit.oracle import scripted
 from sequence_hooks_testkit.programs import two_children
-from sequence_hooks_testkit.server import (STARTUP_SECONDS, VLLM, free_port,
-                                           metric, running_server,
+from sequence_hooks_testkit.server import (STARTUP_SECONDS, free_port, metric,
                                            scripted_request_body,
                                            serve_command, server_env)
 from vllm import SamplingParams
+
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares("hooked")
 
 PROMPT = "the cat sees"
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_path, tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with running_server(tiny_model_path, log) as base:
-        yield base, str(tiny_model_path), log
+def server(shared_servers):
+    """The suite's shared hooked server: its URL, model and log."""
+    hooked = shared_servers.get("hooked")
+    return hooked.base, hooked.model, hooked.log
+
+
+@pytest.fixture(scope="module")
+def vllm_command(tmp_path_factory):
+    """Runs `vllm` command lines as the `vllm` command does, each in a
+    process of its own, with vLLM imported once for the module
+    (`cli_forks`), in a test server's environment."""
+    with ForkedCommands(sys.executable, server_env(),
+                        tmp_path_factory.mktemp("vllm-command")) as commands:
+        yield commands
 
 
 def client(server) -> openai.OpenAI:
@@ -208,27 +223,23 @@ def test_disconnect_mid_stream_aborts_the_tree(server, hook_ids):
     ('{"sync_token_id": 4, "promise_token_id": 5, "colour": 1}', "colour"),
     ('{"sync_token_id": 4, "promise_token_id": 4}', "must differ"),
 ])
-def test_bad_special_kwargs_stop_the_server_at_start(tiny_model_path,
+def test_bad_special_kwargs_stop_the_server_at_start(vllm_command,
+                                                     tiny_model_path,
                                                      special_kwargs, message):
-    result = subprocess.run(serve_command(tiny_model_path, free_port(),
-                                          special_kwargs),
-                            capture_output=True,
-                            text=True,
-                            timeout=STARTUP_SECONDS,
-                            env=server_env())
+    # The command line without the command's path.
+    _, *args = serve_command(tiny_model_path, free_port(), special_kwargs)
+    result = vllm_command.run(args, STARTUP_SECONDS, errors_apart=True)
     assert result.returncode != 0
-    assert message in result.stdout + result.stderr
+    assert message in result.output + result.errors
 
 
-def test_flag_is_listed_in_serve_help():
-    result = subprocess.run([VLLM, "serve", "--help=VllmConfig"],
-                            capture_output=True,
-                            text=True,
-                            timeout=STARTUP_SECONDS,
-                            env=server_env())
+def test_flag_is_listed_in_serve_help(vllm_command):
+    result = vllm_command.run(["serve", "--help=VllmConfig"],
+                              STARTUP_SECONDS,
+                              errors_apart=True)
     assert result.returncode == 0
-    assert "--special-kwargs" in result.stdout
-    assert "Sequence hooks:" in result.stdout
+    assert "--special-kwargs" in result.output
+    assert "Sequence hooks:" in result.output
 
 
 def without_ids(tree: dict) -> dict:

@@ -2,12 +2,14 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """SIGTERM stops `vllm serve` (V0) with streams in flight (hardening/0004).
 
-Each case starts its own hooked server on the tiny model, in a session of
-its own (so the server's process group holds it, its engine process and
-their helpers), and opens N streamed completions whose parents promise and
-sync at once (parked) while their children write 200 tokens, each engine
-step lasting 50 ms (`scripted_hooks.SlowScriptedHooks`): every stream is
-still running when SIGTERM reaches the server's main process. The server
+Each case takes a hooked server on the tiny model, in a session of its
+own (so the server's process group holds it, its engine process and
+their helpers): the first the suite's shared one, after the tests that
+served on it, the second a new one. Each opens N streamed completions
+whose parents promise and sync at once (parked) while their children
+write 200 tokens, each engine step lasting 50 ms
+(`scripted_hooks.SlowScriptedHooks`): every stream is still running when
+SIGTERM reaches the server's main process. The server
 must exit 0 (one not gone after HANG_S hangs), every stream must end with
 a final event (an error object or a finish reason) and `data: [DONE]`,
 never a torn connection, and no live process of the group may be left.
@@ -27,13 +29,13 @@ from typing import Optional
 
 import pytest
 
-from sequence_hooks_testkit.server import (free_port, metric,
-                                           scripted_request_body,
-                                           serve_command, server_env,
-                                           spawn_logged, wait_healthy)
+from sequence_hooks_testkit.server import metric, scripted_request_body
 from sequence_hooks_testkit.shutdown_check import (Stream,
                                                    live_processes_of_group,
                                                    wait_until)
+
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares("hooked")
 
 # Not a speed bound (docs/serving.md, Shutdown: the engine process's join
 # takes 4 s at most, then it is killed; the report prints the time): a
@@ -59,27 +61,22 @@ def log_tail(log: Path, lines: int = 12) -> str:
 
 
 @pytest.fixture
-def server_group(tiny_model_path, tmp_path):
-    """A hooked `vllm serve` leading a process group of its own.
+def server_group(shared_servers):
+    """A hooked `vllm serve` leading a process group of its own: the
+    suite's shared one, taken (the tests that served on it have run), or
+    a new one if another test took it.
 
     Yields:
         The server's main process, its base URL and its log's path. The
         whole group is SIGKILLed after the test, whatever happened.
     """
-    port = free_port()
-    log = tmp_path / "server.log"
-    process = spawn_logged(serve_command(tiny_model_path, port),
-                           log,
-                           env=server_env(),
-                           start_new_session=True)
+    server = shared_servers.take("hooked")
     try:
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(process, base, log)
-        yield process, base, log
+        yield server.process, server.base, server.log
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+            os.killpg(server.process.pid, signal.SIGKILL)
+        server.process.wait()
 
 
 @pytest.mark.parametrize("n", [8, 64])

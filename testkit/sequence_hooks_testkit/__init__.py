@@ -11,9 +11,11 @@ named programs), `oracle` (the hook-free reference, either flavour),
 subclasses), `engines` (V0 test engines and checks, its `Flavour`),
 `harness` (the model-free engine loop), `schedule_recorder` (what each step
 scheduled), `server` (`vllm serve` on loopback), `served` (a hooked and a
-stock server for the fault tests), `run_programs` (the programs in a
-process of their own), `priority_case` (the priority rule's case both
-suites play), `cache` (the project's per-user cache); for the V1 flavour
+stock server for the fault tests), `shared_servers` (servers the tests of
+several modules share), `cli_forks` (`vllm` command lines, vLLM imported
+once for them all), `run_programs` (the programs in a process of their
+own), `priority_case` (the priority rule's case both suites play),
+`cache` (the project's per-user cache); for the V1 flavour
 only: `v1_engines` (its engines,
 checks and `Flavour`), `v1_scripted_logits` (programs as V1 logits
 processors) and `v1_batch_queue` (a model-free V1 engine core).

@@ -103,8 +103,14 @@ class Served:
         assert self.known_answer() == self.known_text
 
 
-def start(name: str, model: Path, log: Path, hook_ids) -> Served:
-    """Starts `vllm serve` for ``name`` ("hooked" or "stock")."""
+def start(name: str,
+          model: Path,
+          log: Path,
+          hook_ids,
+          own_session: bool = False) -> Served:
+    """Starts `vllm serve` for ``name`` ("hooked" or "stock"); in a
+    session of its own if ``own_session`` (its process group then holds
+    it, its engine process and their helpers)."""
     port = free_port()
     command = serve_command(model, port)
     env = server_env()
@@ -116,7 +122,10 @@ def start(name: str, model: Path, log: Path, hook_ids) -> Served:
         extra = {}
     else:
         extra = scripted_request_body(two_children(hook_ids), hook_ids)
-    process = spawn_logged(command, log, env=env)
+    process = spawn_logged(command,
+                           log,
+                           env=env,
+                           start_new_session=own_session)
     return Served(name, f"http://127.0.0.1:{port}", str(model), process, log,
                   extra)
 

@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -29,6 +30,18 @@ SCRIPTED_PATTERN = r"sequence_hooks_testkit\.scripted_hooks\."
 STARTUP_SECONDS = 180
 # The `vllm` command of the running interpreter's environment.
 VLLM = str(Path(sys.executable).parent / "vllm")
+
+
+@dataclass(frozen=True)
+class Started:
+    """A started server: its process (the leader of what it started), its
+    base URL, its log and the `PROMETHEUS_MULTIPROC_DIR` it was given (None:
+    not set)."""
+
+    process: subprocess.Popen
+    url: str
+    log: Path
+    prometheus_dir: Optional[Path] = None
 
 
 def free_port() -> int:

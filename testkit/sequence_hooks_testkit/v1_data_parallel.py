@@ -40,7 +40,6 @@ def start_data_parallel_server(
         model_path: Path,
         work_dir: Path,
         engines: int = 2,
-        step_delay_s: float = 0.0,
         tensor_parallel: int = 1) -> tuple[subprocess.Popen, str]:
     """`v1_server.start_hooked_v1_server` with ``engines`` engine cores.
 
@@ -48,7 +47,6 @@ def start_data_parallel_server(
         model_path: The tiny model's folder.
         work_dir: An empty folder for the log.
         engines: `--data-parallel-size`.
-        step_delay_s: Seconds added to each engine step (`StepDelayV1`).
         tensor_parallel: `--tensor-parallel-size` of each engine core. The
             caller sets `VLLM_CPU_OMP_THREADS_BIND` for that many workers
             an engine: without it vLLM's CPU worker fails on NUMA binding.
@@ -61,7 +59,6 @@ def start_data_parallel_server(
         model_path,
         work_dir, ("--data-parallel-size", str(engines),
                    "--tensor-parallel-size", str(tensor_parallel)),
-        step_delay_s,
         start_timeout_s=START_TIMEOUT_S * tensor_parallel)
 
 

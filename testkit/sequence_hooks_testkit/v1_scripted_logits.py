@@ -33,6 +33,10 @@ SCRIPT_KEY = "scripted_hooks"
 POLICY_KEY = "random_hooks"
 # Environment variable: seconds `StepDelayV1` adds to each engine step.
 STEP_DELAY_ENV = "SEQHOOK_TEST_STEP_DELAY_S"
+# Key of `SamplingParams.extra_args`: seconds `StepDelayV1` adds to each
+# engine step that runs the request (a server shared with tests that need
+# no delay).
+STEP_DELAY_KEY = "step_delay_s"
 # Names each script's request (progress is kept per request and role).
 _nonces = itertools.count()
 
@@ -86,10 +90,21 @@ class RowsByExtraArg(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device,
                  is_pin_memory: bool) -> None:
         # Batch row -> (its extra arg, prompt ids, live output ids).
-        self.rows: dict[int, tuple[dict, list[int], list[int]]] = {}
+        self.rows: dict[int, tuple[Any, list[int], list[int]]] = {}
 
     def is_argmax_invariant(self) -> bool:
+        # V1 skips argmax-invariant processors for greedy batches.
         return False
+
+    def row_value(self, value: Any, params) -> Any:
+        """What a row keeps of its request's extra arg (not None): a dict,
+        which the OpenAI server's `vllm_xargs` bring as JSON (their values
+        are scalars)."""
+        if isinstance(value, str):
+            value = json.loads(value)
+        # The seed tells apart the samples of an `n > 1` request, which
+        # share their params' extra args.
+        return dict(value, seed_of_row=params.seed)
 
     def update_state(self, batch_update: Optional[BatchUpdate]) -> None:
         if batch_update is None:
@@ -98,16 +113,10 @@ class RowsByExtraArg(LogitsProcessor):
             self.rows.pop(index, None)
         for index, params, prompt_ids, output_ids in batch_update.added:
             value = (params.extra_args or {}).get(self.KEY)
-            if isinstance(value, str):
-                # From the OpenAI server: `vllm_xargs` values are scalars,
-                # so the script comes as JSON.
-                value = json.loads(value)
             if value is None:
                 self.rows.pop(index, None)
             else:
-                # The seed tells apart the samples of an `n > 1` request,
-                # which share their params' extra args.
-                value = dict(value, seed_of_row=params.seed)
+                value = self.row_value(value, params)
                 self.rows[index] = (value, prompt_ids or [], output_ids)
         for first, second, direction in batch_update.moved:
             moving = self.rows.pop(first, None)
@@ -174,23 +183,26 @@ class RandomHooksV1(RowsByExtraArg):
         return logits
 
 
-class StepDelayV1(LogitsProcessor):
+class StepDelayV1(RowsByExtraArg):
     """Makes each engine step with requests last ``STEP_DELAY_ENV``
-    seconds longer (a slow model), so streams are still running when a
-    test acts on them. Leaves logits alone."""
+    seconds longer (a slow model), and each step with a request whose
+    ``extra_args[STEP_DELAY_KEY]`` asks for more that much longer, so
+    streams are still running when a test acts on them. Leaves logits
+    alone."""
+
+    KEY = STEP_DELAY_KEY
 
     def __init__(self, vllm_config, device: torch.device,
                  is_pin_memory: bool) -> None:
+        super().__init__(vllm_config, device, is_pin_memory)
         self.delay = float(os.environ.get(STEP_DELAY_ENV, "0"))
 
-    def is_argmax_invariant(self) -> bool:
-        # V1 skips argmax-invariant processors for greedy batches.
-        return False
-
-    def update_state(self, batch_update: Optional[BatchUpdate]) -> None:
-        pass
+    def row_value(self, value: Any, params) -> float:
+        return float(value)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.delay and logits.shape[0]:
-            time.sleep(self.delay)
+        if logits.shape[0]:
+            delay = max([self.delay, *(row[0] for row in self.rows.values())])
+            if delay:
+                time.sleep(delay)
         return logits

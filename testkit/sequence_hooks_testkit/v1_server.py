@@ -4,11 +4,11 @@
 
 The server runs on 127.0.0.1 as docs/v1.md serves the plugin (the one
 flag `--special-kwargs`, or the five it stands for) with the scripted
-logits processor, so each request carries
-its script as JSON in `vllm_xargs` (`scripted_body`), and a step delay for
-tests that need streams still running. The environment has no
-`PROMETHEUS_MULTIPROC_DIR` unless a test gives one: the flag itself
-makes the hooks' metrics reach `/metrics` (`server_metrics`).
+logits processor, so each request carries its script as JSON in
+`vllm_xargs` (`scripted_body`), and a step delay (the server's, or a
+request's) for tests that need streams still running. The environment
+has no `PROMETHEUS_MULTIPROC_DIR` unless a test gives one: the flag
+itself makes the hooks' metrics reach `/metrics` (`server_metrics`).
 """
 
 import json
@@ -32,6 +32,7 @@ from sequence_hooks_testkit.server import (spawn_logged, stop_server,
 from sequence_hooks_testkit.v1_engines import MASKED_IDS
 from sequence_hooks_testkit.v1_scripted_logits import (SCRIPT_KEY,
                                                        STEP_DELAY_ENV,
+                                                       STEP_DELAY_KEY,
                                                        make_script)
 
 # Server start (engine core in its own process) and one request's bounds.
@@ -200,8 +201,11 @@ def scripted_body(plans: dict,
                   model_path: Path,
                   stream: bool,
                   chat: bool = False,
-                  max_tokens: int = 40) -> dict:
-    """A greedy request that runs ``plans`` (tokens per role path)."""
+                  max_tokens: int = 40,
+                  step_delay_s: Optional[float] = None) -> dict:
+    """A greedy request that runs ``plans`` (tokens per role path); each
+    engine step that runs it lasts ``step_delay_s`` longer if given
+    (`StepDelayV1`)."""
     script = make_script(plans, hook_ids, MASKED_IDS)
     request = {
         "model": str(model_path),
@@ -212,6 +216,8 @@ def scripted_body(plans: dict,
             SCRIPT_KEY: json.dumps(script)
         },
     }
+    if step_delay_s is not None:
+        request["vllm_xargs"][STEP_DELAY_KEY] = step_delay_s
     if chat:
         request["messages"] = [{"role": "user", "content": "the cat sees"}]
     else:

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""Fixtures of the V1 suite: in-process V1 engines over the tiny model.
+"""Fixtures of the V1 suite: in-process V1 engines over the tiny model, and
+the servers several modules share.
 
 Runs in `.venv-v1` (stock vLLM 0.32 and the plugin). The tiny model and the
 program definitions come from the test kit (`sequence_hooks_testkit`).
@@ -18,6 +19,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from sequence_hooks_testkit import tiny_model  # noqa: E402
+# The shared servers' hooks (their users declared, each stopped once no
+# test left needs it).
+from sequence_hooks_testkit.shared_servers import (  # noqa: E402, F401
+    Declared, SharedServers, for_module, pytest_collection_finish,
+    pytest_configure, pytest_runtest_teardown, register)
 from sequence_hooks_testkit.tiny_model import HookIds  # noqa: E402
 from sequence_hooks_testkit.v1_engines import v1_llm  # noqa: E402
 
@@ -51,3 +57,66 @@ def plain_llm(hooked_llm):
     plain engine's. Children its promises spawn are aborted with it.
     """
     return hooked_llm
+
+
+@pytest.fixture(scope="session")
+def all_shared_servers(request, tiny_model_path, tmp_path_factory):
+    """The servers several modules share, by name (`shared_servers`: each
+    starts at its first use and stops once no test left declares it; a
+    test that ends one takes it):
+
+    - "hooked, the user's metrics folder": the hooked server of the tiny
+      model, as `start_hooked_v1_server` starts it, with a
+      `PROMETHEUS_MULTIPROC_DIR` a user set, new at each start (its
+      `Started.prometheus_dir`: test_v1_serving.py; taken by
+      test_v1_shutdown.py);
+    - "data parallel": the hooked server with two engine cores
+      (test_v1_data_parallel.py; taken by test_v1_engine_death.py);
+    - "threadweaver toy", "apr toy": each format's toy with the format
+      in-engine (`start_format_server`: test_formats_*_in_engine.py,
+      test_formats_fuzz_served.py).
+    """
+    from sequence_hooks_testkit import v1_data_parallel as dp
+    from sequence_hooks_testkit.formats.toy_server import start_format_server
+    from sequence_hooks_testkit.server import Started, stop_server
+    from sequence_hooks_testkit.v1_server import start_hooked_v1_server
+
+    def user_metrics_folder() -> Started:
+        # A folder of its own: the gauges of a server killed in it
+        # (multiprocess mode "sum") would count in the next one's.
+        work_dir = tmp_path_factory.mktemp("hooked-user-metrics")
+        prometheus_dir = work_dir / "prometheus"
+        prometheus_dir.mkdir()
+        process, url = start_hooked_v1_server(tiny_model_path,
+                                              work_dir,
+                                              prometheus_dir=prometheus_dir)
+        return Started(process, url, work_dir / "server.log", prometheus_dir)
+
+    def data_parallel() -> Started:
+        work_dir = tmp_path_factory.mktemp("dp")
+        process, url = dp.start_data_parallel_server(tiny_model_path, work_dir,
+                                                     2)
+        return Started(process, url, work_dir / "server.log")
+
+    def format_server(name: str):
+        return lambda: start_format_server(
+            name,
+            tmp_path_factory.mktemp(name) / "server.log")
+
+    servers = SharedServers(
+        {
+            "hooked, the user's metrics folder": user_metrics_folder,
+            "data parallel": data_parallel,
+            "threadweaver toy": format_server("threadweaver"),
+            "apr toy": format_server("apr"),
+        }, lambda server: stop_server(server.process))
+    register(request, servers)
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_servers(request, all_shared_servers) -> Declared:
+    """The shared servers the module declares
+    (``pytestmark = pytest.mark.shares(name, ...)``)."""
+    return for_module(request)

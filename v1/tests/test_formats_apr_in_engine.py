@@ -23,7 +23,10 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from sequence_hooks_testkit.formats.toy_server import choices, toy_server
+from sequence_hooks_testkit.formats.toy_server import choices
+
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares("apr toy")
 
 # The two runners' packages: the controllers' (a client of stock vLLM)
 # and the in-engine formats'.
@@ -39,7 +42,6 @@ PREFIXES = [
 MAX_MODEL_LEN = 2048
 MAX_TOKENS = 400
 GREEDY = {"temperature": 0.0, "logprobs": 1}
-CHAT_TEMPLATE = "{{ bos_token }}{{ messages[0]['content'] }}"
 
 
 def run(module: str, args: list, cases: list, folder: Path) -> list:
@@ -176,14 +178,11 @@ def answer_logprobs(got: list[dict], chat: bool) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """`vllm serve` of the toy with the format, as a user starts it."""
-    with toy_server(MODEL,
-                    tmp_path_factory.mktemp("served") / "server.log",
-                    ("--special-kwargs", json.dumps(
-                        {"format": "apr"}), "--chat-template", CHAT_TEMPLATE),
-                    max_model_len=MAX_MODEL_LEN) as url:
-        yield url
+def served(shared_servers) -> str:
+    """`vllm serve` of the toy with the format, as a user starts it: the
+    suite's shared one (`toy_server.start_format_server`, whose chat
+    template puts the BOS before the user's message)."""
+    return shared_servers.get("apr toy").url
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])

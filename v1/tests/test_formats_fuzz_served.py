@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Fuzzed format inputs through a served engine: each format's toy model
-behind `vllm serve --special-kwargs '{"format": ...}'` (one server a
-format, for the module), sent a batch of odd requests at once: prompts
-with the format's tags inside them, tags cut short, non-ASCII text,
-values of another type where the format has a list, prompts that push
-the toy off its format, and outputs forced odd where the server allows
-it (`logit_bias` toward a tag, an EOS or a BOS; budgets of one and a few
-tokens; stop strings; seeded samples).
+behind `vllm serve --special-kwargs '{"format": ...}'` (the suite's
+shared server of the format, which the in-engine tests' API cases use
+too), sent a batch of odd requests at once: prompts with the format's
+tags inside them, tags cut short, non-ASCII text, values of another
+type where the format has a list, prompts that push the toy off its
+format, and outputs forced odd where the server allows it (`logit_bias`
+toward a tag, an EOS or a BOS; budgets of one and a few tokens; stop
+strings; seeded samples).
 
 What a user of such a server must be able to count on, whatever the
 model writes:
@@ -30,11 +31,11 @@ model writes:
   fails on a metric missing from /metrics); then the server answers a
   search that forks.
 
-The servers take more children a fork than their defaults, so that a
-prompt with many labels forks each one, as the controllers do.
+The servers take more children a fork than their defaults
+(`toy_server.CHILD_LIMITS`), so that a prompt with many labels forks each
+one, as the controllers do.
 """
 
-import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -48,18 +49,19 @@ from transformers import AutoTokenizer
 from sequence_hooks_references.formats import apr_trace
 from sequence_hooks_references.formats import threadweaver_controller as tw
 from sequence_hooks_references.formats.backends import ScriptedBackend
-from sequence_hooks_testkit.formats.toy_server import (choices,
-                                                       held_out_prompts,
-                                                       toy_server)
+from sequence_hooks_testkit.formats.toy_server import (FORMAT_TOYS, choices,
+                                                       held_out_prompts)
 from sequence_hooks_testkit.v1_server import assert_idle
 
-MODELS = Path(__file__).resolve().parents[2] / "models"
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares("threadweaver toy", "apr toy")
+
 REQUEST_TIMEOUT_S = 300
 IDLE_TIMEOUT_S = 120
 IN_FLIGHT = 8
-# The toys' context windows (APR's searches are longer).
-TW_WINDOW, APR_WINDOW = 512, 2048
-LIMITS = {"max_children_per_sequence": 64, "max_children_per_request": 256}
+# The toys' folders and context windows (APR's searches are longer).
+TW_TOY, TW_WINDOW, _ = FORMAT_TOYS["threadweaver"]
+APR_TOY, APR_WINDOW, _ = FORMAT_TOYS["apr"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ def refused_asks(tokenizer, plain: Any) -> list[Ask]:
 def tw_asks(tokenizer) -> list[Ask]:
     """ThreadWeaver's odd requests, from the toy's first held-out prompt
     (``"1: 24 ; 11: 784 854 549 480 734\\n"``: one outline a group)."""
-    plain = held_out_prompts(MODELS / "threadweaver-toy", 1)[0]
+    plain = held_out_prompts(TW_TOY, 1)[0]
     ids = {
         tag: tokenizer.convert_tokens_to_ids(tag)
         for tag in ("<Outlines>", "</Outlines>", "<Thread>", "</Thread>")
@@ -181,7 +183,7 @@ def apr_asks(tokenizer) -> list[Ask]:
     """APR's odd requests, from the toy's first held-out prefix (the
     model's BOS as text before each, as APR's controller sends it)."""
     bos = tokenizer.bos_token
-    prefix = held_out_prompts(MODELS / "apr-toy", 1)[0]
+    prefix = held_out_prompts(APR_TOY, 1)[0]
     plain = bos + prefix
     ids = {
         tag: tokenizer.convert_tokens_to_ids(tag)
@@ -246,29 +248,24 @@ def apr_asks(tokenizer) -> list[Ask]:
 
 
 FORMATS = {
-    "threadweaver": (MODELS / "threadweaver-toy", TW_WINDOW, tw_asks),
-    "apr": (MODELS / "apr-toy", APR_WINDOW, apr_asks),
+    "threadweaver": (TW_TOY, TW_WINDOW, tw_asks),
+    "apr": (APR_TOY, APR_WINDOW, apr_asks),
 }
 
 
 @pytest.fixture(scope="module", params=list(FORMATS))
-def served(request, tmp_path_factory) -> Served:
+def served(request, shared_servers) -> Served:
+    """The suite's shared server of the format's toy
+    (`toy_server.start_format_server`, with `CHILD_LIMITS`)."""
     name = request.param
     model, window, _ = FORMATS[name]
-    log = tmp_path_factory.mktemp(name) / "server.log"
-    with toy_server(model,
-                    log,
-                    ("--special-kwargs", json.dumps({
-                        "format": name,
-                        **LIMITS
-                    })),
-                    max_model_len=window) as url:
-        served = Served(name, url, model, window,
-                        AutoTokenizer.from_pretrained(model), log)
-        # The gauges show on /metrics once set: a first search sets them
-        # (`assert_idle` fails on a metric that is not there).
-        assert_forks(served)
-        yield served
+    server = shared_servers.get(f"{name} toy")
+    served = Served(name, server.url, model, window,
+                    AutoTokenizer.from_pretrained(model), server.log)
+    # The gauges show on /metrics once set: a first search sets them
+    # (`assert_idle` fails on a metric that is not there).
+    assert_forks(served)
+    return served
 
 
 def assert_forks(served: Served) -> None:

@@ -17,15 +17,17 @@ fork and join fell, and the sampled tokens' logprobs as the controller's
 calls give them.
 """
 
-import json
 from pathlib import Path
 
 import pytest
 
 from sequence_hooks_testkit.formats.sides import (REFERENCES, TESTKIT, run,
                                                   toy_prompts)
-from sequence_hooks_testkit.formats.toy_server import choices, toy_server
+from sequence_hooks_testkit.formats.toy_server import choices
 from sequence_hooks_training import threadweaver_task as task_mod
+
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares("threadweaver toy")
 
 MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
 TOKENIZER = task_mod.build_tokenizer()
@@ -52,9 +54,6 @@ CASES = {
         "n": 2
     }, None),
 }
-# The toy has no chat template: the server's renders the user's message
-# as it is, so a chat prompt is the completions prompt's text.
-CHAT_TEMPLATE = "{{ messages[0]['content'] }}"
 # How far a logprob in the tree may be from the controller's call's: the
 # same fp32 model computes both, over batches of other shapes (measured
 # at most 2.0e-6 over the 2,548 sampled tokens of 20 prompts).
@@ -176,14 +175,12 @@ def test_the_tree_carries_the_logprobs_of_the_controllers_calls(answers):
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """`vllm serve` of the toy with the format, as a user starts it."""
-    with toy_server(
-            MODEL,
-            tmp_path_factory.mktemp("served") / "server.log",
-        ("--special-kwargs", json.dumps({"format": "threadweaver"}),
-         "--chat-template", CHAT_TEMPLATE)) as url:
-        yield url
+def served(shared_servers) -> str:
+    """`vllm serve` of the toy with the format, as a user starts it: the
+    suite's shared one (`toy_server.start_format_server`, whose chat
+    template renders the user's message as it is: the toy has none, so a
+    chat prompt is the completions prompt's text)."""
+    return shared_servers.get("threadweaver toy").url
 
 
 def request_body(name: str, prompt: str, chat: bool, stream: bool) -> dict:

@@ -14,7 +14,9 @@ sets it) make sure each engine runs trees. When the load is done,
 and KV usage per engine, the hooks' live children and parked parents
 summed over the engines) and the hooks' spawn counter summed over both
 engines: every child of every tree. The same again with tensor
-parallelism (TP = 2) inside each engine core.
+parallelism (TP = 2) inside each engine core. The two-engine server is
+the suite's shared one (conftest's `shared_servers`): test_v1_engine_death.py
+then kills one of its engine cores.
 
 Model-free: the middleware's routing, and the engine core's check (a
 dense model's engine core sees one engine; a MoE model's, which keeps
@@ -41,6 +43,9 @@ from sequence_hooks_testkit.v1_server import (metric, scripted_body,
                                               start_hooked_v1_server)
 from vllm.config import ModelConfig, ParallelConfig
 from vllm.engine.arg_utils import EngineArgs
+
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares("data parallel")
 
 ENGINES = 2
 # (name, program, chat, sampling): sampling None is greedy `n = 1`.
@@ -85,7 +90,8 @@ def body(hook_ids, model_path, case, stream: bool) -> dict:
 
 @pytest.fixture(scope="module")
 def one_engine_answers(tiny_model_path, hook_ids, tmp_path_factory):
-    """Every case's non-streamed answer from a one-engine hooked server."""
+    """Every case's non-streamed answer from a one-engine hooked server,
+    stopped once they are read."""
     process, url = start_hooked_v1_server(tiny_model_path,
                                           tmp_path_factory.mktemp("one"))
     try:
@@ -157,19 +163,17 @@ def answers_match_one_engine(url, one_engine_answers, tiny_model_path,
     return spawned
 
 
-def play_and_stop(process, url: str, one_engine_answers, tiny_model_path,
-                  hook_ids, rounds: int) -> None:
-    """`answers_match_one_engine` on a started server, then stops it: once
-    idle, nothing may be held in any engine core, and the hooks' spawn
-    counter, summed over the engines, must count every child of every
+def play_and_check(url: str, one_engine_answers, tiny_model_path, hook_ids,
+                   rounds: int) -> None:
+    """`answers_match_one_engine` on an idle server: once idle again,
+    nothing may be held in any engine core, and the hooks' spawn counter,
+    summed over the engines, must have counted every child of every
     tree."""
-    try:
-        spawned = answers_match_one_engine(url, one_engine_answers,
-                                           tiny_model_path, hook_ids, rounds)
-        held = wait_idle(url)
-        counted = metric(url, "promises_spawned_total")
-    finally:
-        stop_server(process)
+    before = metric(url, "promises_spawned_total")
+    spawned = answers_match_one_engine(url, one_engine_answers,
+                                       tiny_model_path, hook_ids, rounds)
+    held = wait_idle(url)
+    counted = metric(url, "promises_spawned_total") - before
     assert held == {
         "engines": {
             str(rank): {
@@ -185,21 +189,6 @@ def play_and_stop(process, url: str, one_engine_answers, tiny_model_path,
     assert counted == spawned
 
 
-def test_two_engines_answer_as_one_and_are_left_clean(one_engine_answers,
-                                                      tiny_model_path,
-                                                      hook_ids,
-                                                      tmp_path_factory):
-    process, url = dp.start_data_parallel_server(tiny_model_path,
-                                                 tmp_path_factory.mktemp("dp"),
-                                                 ENGINES)
-    play_and_stop(process,
-                  url,
-                  one_engine_answers,
-                  tiny_model_path,
-                  hook_ids,
-                  rounds=2)
-
-
 def test_two_tensor_parallel_engines_answer_as_one(one_engine_answers,
                                                    tiny_model_path, hook_ids,
                                                    tmp_path_factory,
@@ -213,13 +202,30 @@ def test_two_tensor_parallel_engines_answer_as_one(one_engine_answers,
                                                  work_dir,
                                                  ENGINES,
                                                  tensor_parallel=2)
-    play_and_stop(process,
-                  url,
-                  one_engine_answers,
-                  tiny_model_path,
-                  hook_ids,
-                  rounds=1)
+    try:
+        play_and_check(url,
+                       one_engine_answers,
+                       tiny_model_path,
+                       hook_ids,
+                       rounds=1)
+    finally:
+        stop_server(process)
     assert "tensor_parallel_size=2" in (work_dir / "server.log").read_text()
+
+
+def test_two_engines_answer_as_one_and_are_left_clean(one_engine_answers,
+                                                      tiny_model_path,
+                                                      hook_ids,
+                                                      shared_servers):
+    """On the suite's shared server with `ENGINES` engine cores
+    (test_v1_engine_death.py then takes it and kills one of them): after
+    the server with tensor parallelism has stopped, so that the two do not
+    run at once."""
+    play_and_check(shared_servers.get("data parallel").url,
+                   one_engine_answers,
+                   tiny_model_path,
+                   hook_ids,
+                   rounds=2)
 
 
 def routed(body: dict,

@@ -2,13 +2,15 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """An engine core killed mid-tree under data parallelism.
 
-A hooked server with two engine cores (`--data-parallel-size 2`) runs
-streamed trees pinned to each engine (a root that promises two children
-of 150 tokens and syncs, every engine step slowed so that no tree can
-finish before the kill); once every stream has begun, `EngineCore_DP1`
-gets SIGKILL. What upstream vLLM does without the plugin (measured side
-by side in docs/running-at-scale.md): the death is fatal to the server,
-every open stream ends, the server exits non-zero and leaves no process.
+A hooked server with two engine cores (`--data-parallel-size 2`: the
+suite's shared one, which test_v1_data_parallel.py loads first, taken
+here) runs streamed trees pinned to each engine (a root that promises two
+children of 150 tokens and syncs, every engine step that runs them slowed
+so that no tree can finish before the kill); once every stream has
+begun, `EngineCore_DP1` gets SIGKILL. What upstream vLLM does without
+the plugin (measured side by side in docs/running-at-scale.md): the
+death is fatal to the server, every open stream ends, the server exits
+non-zero and leaves no process.
 With hooks the same must hold: no stream hangs, none on the killed
 engine ends as if its tree had finished, and nothing of the server's
 process group is left.
@@ -21,16 +23,20 @@ import signal
 import threading
 
 import psutil
+import pytest
 import requests
 
-from sequence_hooks_testkit import v1_data_parallel as dp
 from sequence_hooks_testkit.shutdown_check import live_processes_of_group
 from sequence_hooks_testkit.v1_server import REQUEST_TIMEOUT_S, scripted_body
 
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares("data parallel")
+
 ENGINES = 2
 STREAMS_PER_ENGINE = 2
-# Seconds added to each engine step: a tree needs more than 150 steps, so
-# 8 seconds at least, and the kill comes once every stream has begun.
+# Seconds added to each engine step that runs the trees: a tree needs
+# more than 150 steps, so 8 seconds at least, and the kill comes once
+# every stream has begun.
 STEP_DELAY_S = 0.05
 # How long the streams and the server may take to end after the kill
 # (measured: 5 s for the streams, 18 s for the server, on a loaded
@@ -94,12 +100,9 @@ def engine_core(server: psutil.Process, name: str) -> psutil.Process:
 
 
 def test_a_killed_engine_core_ends_every_stream_and_the_server(
-        tiny_model_path, hook_ids, tmp_path_factory):
-    process, url = dp.start_data_parallel_server(
-        tiny_model_path,
-        tmp_path_factory.mktemp("dp-death"),
-        ENGINES,
-        step_delay_s=STEP_DELAY_S)
+        tiny_model_path, hook_ids, shared_servers):
+    server = shared_servers.take("data parallel")
+    process, url = server.process, server.url
     endings: dict = {}
     try:
         readers = []
@@ -110,7 +113,8 @@ def test_a_killed_engine_core_ends_every_stream_and_the_server(
                                      hook_ids,
                                      tiny_model_path,
                                      True,
-                                     max_tokens=200)
+                                     max_tokens=200,
+                                     step_delay_s=STEP_DELAY_S)
                 reader = threading.Thread(target=read_stream,
                                           args=(url, body, rank, begun,
                                                 endings, (rank, index)),

@@ -20,6 +20,7 @@ from vllm_sequence_hooks.config import (CONFIG_KEY, MIDDLEWARE, REQUEST_CHECK,
 from vllm_sequence_hooks.engine_args import expand_parsed_args
 
 from sequence_hooks import SpecialKwargs
+from sequence_hooks_testkit.cli_forks import ForkedCommands
 from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
                                               SPECIAL_KWARGS, START_TIMEOUT_S,
                                               free_port, hooked_v1_server,
@@ -159,15 +160,24 @@ def test_without_the_import_special_kwargs_is_an_unknown_keyword(
     assert "TypeError" in out and "special_kwargs" in out, out
 
 
+@pytest.fixture(scope="module")
+def vllm_command(tmp_path_factory):
+    """Runs `vllm` command lines as the `vllm` command does, each in a
+    process of its own, with vLLM imported once for the module
+    (`cli_forks`), in the environment of a served test."""
+    with ForkedCommands(sys.executable,
+                        dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1"),
+                        tmp_path_factory.mktemp("vllm-command")) as commands:
+        yield commands
+
+
 @pytest.mark.parametrize("option", ["--help", "--help=special-kwargs"])
-def test_serve_help_lists_the_flag(option):
+def test_serve_help_lists_the_flag(vllm_command, option):
     """Plain `--help` lists the config groups (upstream shows no flag
     there), the hooks' among them; `--help=special-kwargs` the flag."""
-    vllm = os.path.join(os.path.dirname(sys.executable), "vllm")
-    out = subprocess.run([vllm, "serve", option],
-                         capture_output=True,
-                         text=True,
-                         timeout=START_TIMEOUT_S).stdout
+    out = vllm_command.run(["serve", option],
+                           START_TIMEOUT_S,
+                           errors_apart=True).output
     if option == "--help":
         [line] = [line for line in out.splitlines() if "SequenceHooks" in line]
         assert "--special-kwargs" in line, out
@@ -217,17 +227,14 @@ def test_serve_help_lists_the_flag(option):
                              "format-tags-not-tokens"
                          ])
 def test_vllm_serve_refuses_bad_hooks_before_any_engine_starts(
-        tiny_model_path, hook_ids, special_kwargs, extra, reason):
+        vllm_command, tiny_model_path, hook_ids, special_kwargs, extra,
+        reason):
     assert hook_ids.eos == 2
-    result = subprocess.run(serve_command(tiny_model_path, free_port(), extra,
-                                          special_kwargs),
-                            stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT,
-                            text=True,
-                            timeout=START_TIMEOUT_S,
-                            env=dict(os.environ,
-                                     VLLM_ENABLE_V1_MULTIPROCESSING="1"))
-    log = result.stdout
+    # The command line without the command's path.
+    _, *args = serve_command(tiny_model_path, free_port(), extra,
+                             special_kwargs)
+    result = vllm_command.run(args, START_TIMEOUT_S)
+    log = result.output
     assert result.returncode != 0, log[-2000:]
     # No engine core process ever logged.
     assert "EngineCore" not in log, log[-2000:]

@@ -17,25 +17,32 @@ import pytest
 import requests
 
 from sequence_hooks_testkit.programs import programs
-from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S,
-                                              hooked_v1_server, metric,
+from sequence_hooks_testkit.v1_server import (REQUEST_TIMEOUT_S, metric,
                                               scripted_body)
 
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares("hooked, the user's metrics folder")
+
 
 @pytest.fixture(scope="module")
-def prometheus_dir(tmp_path_factory):
+def shared(shared_servers):
+    """A hooked `vllm serve` over the tiny model with a
+    `PROMETHEUS_MULTIPROC_DIR` a user set: the suite's shared one
+    (test_v1_shutdown.py then takes it)."""
+    return shared_servers.get("hooked, the user's metrics folder")
+
+
+@pytest.fixture(scope="module")
+def server(shared) -> str:
+    """The server's base URL."""
+    return shared.url
+
+
+@pytest.fixture(scope="module")
+def prometheus_dir(shared):
     """The server's `PROMETHEUS_MULTIPROC_DIR`, as a user sets it (the
     plugin's own folder when none is set: test_v1_server_metrics.py)."""
-    return tmp_path_factory.mktemp("prometheus")
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_path, tmp_path_factory, prometheus_dir):
-    """A hooked `vllm serve` over the tiny model; stopped at the end."""
-    with hooked_v1_server(tiny_model_path,
-                          tmp_path_factory.mktemp("serve"),
-                          prometheus_dir=prometheus_dir) as url:
-        yield url
+    return shared.prometheus_dir
 
 
 def body(hook_ids,

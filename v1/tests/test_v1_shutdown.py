@@ -6,10 +6,13 @@ no client sees a torn connection, no process is left.
 
 The server is served as docs/v1.md says (`--middleware
 vllm_sequence_hooks.shutdown.FinishStreamsOnShutdown`); each engine step
-is slowed by 50 ms so that, when the signal comes, the parents have
-promised and are parked at their `<sync>` and their children are still
-writing. Without the middleware the server hangs in upstream's shutdown
-(a race: docs/v1.md, Shutdown).
+that runs the streams is slowed by 50 ms so that, when the signal comes,
+the parents have promised and are parked at their `<sync>` and their
+children are still writing. Without the middleware the server hangs in
+upstream's shutdown (a race: docs/v1.md, Shutdown). One case starts its
+server, with the plugin's own metrics folder; the other takes the suite's
+shared one with the user's (conftest's `shared_servers`), after the tests
+that served on it (test_v1_serving.py, just before).
 """
 
 import contextlib
@@ -24,6 +27,10 @@ from sequence_hooks_testkit.shutdown_check import (Stream,
 from sequence_hooks_testkit.v1_server import (metric, scripted_body,
                                               start_hooked_v1_server)
 
+SHARED = "hooked, the user's metrics folder"
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares(SHARED)
+
 # Not a speed bound (docs/v1.md gives the times measured): a server that
 # has not exited by then hangs, as it does without the middleware. On an
 # idle machine it exits in under a second; in a loaded CI run (2026-11-28,
@@ -32,12 +39,16 @@ HANG_S = 120.0
 STEP_DELAY_S = 0.05
 
 
-@pytest.mark.parametrize("streams", [8, 64])
+@pytest.mark.parametrize("streams, shared", [(8, False), (64, True)],
+                         ids=["8-own", "64-shared"])
 def test_sigterm_ends_every_stream_and_exits(tiny_model_path, hook_ids,
-                                             tmp_path, streams):
-    process, url = start_hooked_v1_server(tiny_model_path,
-                                          tmp_path,
-                                          step_delay_s=STEP_DELAY_S)
+                                             shared_servers, tmp_path, streams,
+                                             shared):
+    if shared:
+        server = shared_servers.take(SHARED)
+        process, url = server.process, server.url
+    else:
+        process, url = start_hooked_v1_server(tiny_model_path, tmp_path)
     try:
         P, S = hook_ids.promise, hook_ids.sync
         plans = {(): [None, P, S, None], (0, ): [None] * 200}
@@ -48,7 +59,9 @@ def test_sigterm_ends_every_stream_and_exits(tiny_model_path, hook_ids,
                               hook_ids,
                               tiny_model_path,
                               True,
-                              max_tokens=240)) for _ in range(streams)
+                              max_tokens=240,
+                              step_delay_s=STEP_DELAY_S))
+            for _ in range(streams)
         ]
         for client in clients:
             client.start()

@@ -2,7 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """`vllm serve` of a format's toy model on V1, as its tests and benchmark
 start it: fp32, eager, seed 0, a window of 512 unless given; stock, or
-with the plugin's flags among ``extra_args``. `choices` reads an OpenAI
+with the plugin's flags among ``extra_args`` (`toy_server` for a block,
+`start_toy_server` for its caller to stop; `start_format_server` with
+a format in-engine, as the V1 suite shares it). `choices` reads an OpenAI
 answer, whole or streamed; `held_out_prompts` a toy's prompts."""
 
 import json
@@ -15,11 +17,29 @@ from typing import Any
 
 import requests
 
-from sequence_hooks_testkit.server import (spawn_logged, stop_server,
-                                           wait_healthy)
-from sequence_hooks_testkit.v1_server import free_port
+from sequence_hooks_testkit.server import (Started, free_port, spawn_logged,
+                                           stop_server, wait_healthy)
 
 MAX_MODEL_LEN = 512
+MODELS = Path(__file__).resolve().parents[3] / "models"
+# Each format's served toy as the V1 suite shares it (`format_server`):
+# its folder, its window (APR's searches are longer) and its chat
+# template. The toys have none of their own: the server's renders the
+# user's message as it is (after the BOS APR's controller sends), so a
+# chat prompt is the completions prompt's text.
+FORMAT_TOYS = {
+    "threadweaver":
+    (MODELS / "threadweaver-toy", 512, "{{ messages[0]['content'] }}"),
+    "apr":
+    (MODELS / "apr-toy", 2048, "{{ bos_token }}{{ messages[0]['content'] }}"),
+}
+# More children a fork than the defaults, so that a prompt with many
+# labels forks each one, as the controllers do. The toys' own prompts
+# fork fewer: their answers are the same under the defaults.
+CHILD_LIMITS = {
+    "max_children_per_sequence": 64,
+    "max_children_per_request": 256
+}
 
 
 def held_out_prompts(model: Path, count: int) -> list[str]:
@@ -29,14 +49,13 @@ def held_out_prompts(model: Path, count: int) -> list[str]:
     return [json.loads(line)["prompt"] for line in lines[:count]]
 
 
-@contextmanager
-def toy_server(model: Path,
-               log: Path,
-               extra_args: Sequence[str] = (),
-               kv_cache_gib: int = 1,
-               start_timeout_s: float = 900,
-               max_model_len: int = MAX_MODEL_LEN) -> Iterator[str]:
-    """A running server of ``model``; its base URL. Stopped on leaving.
+def start_toy_server(model: Path,
+                     log: Path,
+                     extra_args: Sequence[str] = (),
+                     kv_cache_gib: int = 1,
+                     start_timeout_s: float = 900,
+                     max_model_len: int = MAX_MODEL_LEN) -> Started:
+    """Starts a server of ``model`` and waits until it is healthy.
 
     Args:
         model: The model's folder.
@@ -45,6 +64,9 @@ def toy_server(model: Path,
         kv_cache_gib: Its KV cache (`VLLM_CPU_KVCACHE_SPACE`).
         start_timeout_s: How long it may take to become healthy.
         max_model_len: Its context window.
+
+    Returns:
+        The healthy server: its process, base URL and log.
     """
     port = free_port()
     process = spawn_logged([
@@ -61,9 +83,49 @@ def toy_server(model: Path,
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(process, url, log, start_timeout_s)
-        yield url
-    finally:
+    except BaseException:
         stop_server(process)
+        raise
+    return Started(process, url, log)
+
+
+def start_format_server(name: str, log: Path) -> Started:
+    """`vllm serve` of format ``name``'s toy with the format in-engine, as
+    a user starts it (`--special-kwargs '{"format": ...}'`), with
+    `CHILD_LIMITS` and the chat template of `FORMAT_TOYS`.
+
+    Args:
+        name: The format, a key of `FORMAT_TOYS`.
+        log: Where the server's output goes.
+
+    Returns:
+        The healthy server (`start_toy_server`).
+    """
+    model, window, chat_template = FORMAT_TOYS[name]
+    return start_toy_server(
+        model,
+        log, ("--special-kwargs", json.dumps({
+            "format": name,
+            **CHILD_LIMITS
+        }), "--chat-template", chat_template),
+        max_model_len=window)
+
+
+@contextmanager
+def toy_server(model: Path,
+               log: Path,
+               extra_args: Sequence[str] = (),
+               kv_cache_gib: int = 1,
+               start_timeout_s: float = 900,
+               max_model_len: int = MAX_MODEL_LEN) -> Iterator[str]:
+    """A running server of ``model`` (`start_toy_server`); its base URL.
+    Stopped on leaving."""
+    server = start_toy_server(model, log, extra_args, kv_cache_gib,
+                              start_timeout_s, max_model_len)
+    try:
+        yield server.url
+    finally:
+        stop_server(server.process)
 
 
 def choices(url: str,
