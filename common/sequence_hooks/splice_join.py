@@ -302,8 +302,12 @@ class SplicePolicy(TriggerPolicy):
         # As one decoding of the paths in turn would end: with the first
         # path that did not close.
         joined = self._joined(children)
+        # Sequential decoding would have stopped at the budget or the
+        # model's length.
+        room = coordinator.max_model_len - length
         if budget is not None:
-            joined = joined[:max(budget - used, 0)]
+            room = min(room, budget - used)
+        joined = joined[:max(room, 0)]
         coordinator.record_merged(member, used, len(joined))
         return [Conclude(member_id, tuple(joined), MERGED_TOKEN_LOGPROB)]
 

@@ -141,6 +141,24 @@ def test_a_path_that_does_not_close_ends_the_answer_with_the_text():
         "r", tuple(ids("\n<step>\n1:x</step>\n<step>\n2:y") + eos), 0.0)
 
 
+def test_the_paths_text_is_cut_at_the_models_length():
+    """A path that ran to its window ends the answer with the paths' text
+    up to the model's length, where decoding them in turn would stop."""
+    context = PROMPT + GUIDELINE
+    hooks = Coordinator.for_format(SpecialKwargs(format="npr"),
+                                   len(context) + 12,
+                                   TOKENIZER,
+                                   clock=lambda: 0.0)
+    forks = [
+        a for a in hooks.sampled("r", context, params) if isinstance(a, Fork)
+    ]
+    hooks.finished(forks[0].request_id, "length",
+                   MemberResult(ids("x" * 20), None))
+    (conclude, ) = hooks.finished(forks[1].request_id, "length",
+                                  MemberResult(ids("y" * 20), None))
+    assert conclude == Conclude("r", tuple(ids("\n<step>\n1:xxxxxxx")), 0.0)
+
+
 def test_npr_paths_do_not_fork_multiverse_paths_do():
     for name, goal, nests in (("npr",
                                ids("<guideline><plan>1: a</plan>"

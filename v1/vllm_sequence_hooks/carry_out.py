@@ -157,8 +157,8 @@ class ActionCarrier:
         request = self.scheduler.requests[member_id]
         record = self.members.record(member_id)
         token_ids = self.splicing.join(
-            request, action,
-            lambda appended: self.parking.resume(request, appended, False))
+            request, action, lambda appended, evicted: self.parking.resume(
+                request, appended, evicted))
         record.evicted = False
         if record.logprobs is not None:
             record.logprobs.merged(len(token_ids))

@@ -127,6 +127,19 @@ class _Retained:
 
 
 @dataclass
+class _Copies:
+    """A join's block work that no step has carried to the model runners
+    yet."""
+
+    # Its fresh blocks, zeroed first.
+    zero_blocks: list[int]
+    # ``(source block, offset, destination block, offset)``.
+    token_copies: list[tuple[int, int, int, int]]
+    # The later paths' blocks the copies read: freed once they ran.
+    sources: list[Any]
+
+
+@dataclass
 class Splicing:
     """Splice joins on one V1 scheduler.
 
@@ -140,10 +153,10 @@ class Splicing:
     # Members whose hashes are salted, from which index.
     _salted: dict[str, int] = field(default_factory=dict)
     _retained: dict[str, _Retained] = field(default_factory=dict)
-    # What the next step with work tells the model runners.
-    _pending: SpliceStep = field(default_factory=SpliceStep)
-    # Blocks freed once the pending copies have run.
-    _after_copies: list[Any] = field(default_factory=list)
+    # Maps new or changed since the last step with work, by member.
+    _new_maps: dict[str, PositionMap] = field(default_factory=dict)
+    # Joins whose copies no step has carried yet, by joined member.
+    _copies: dict[str, _Copies] = field(default_factory=dict)
     # Per step in flight carrying copies, the blocks freed once it ran.
     _in_flight: dict[int, list[Any]] = field(default_factory=dict)
 
@@ -190,15 +203,21 @@ class Splicing:
             self.maps.get(path.request_id, ROOT_MAP))
 
     def join(self, parent: Request, splice: Splice,
-             resume: Callable[[list[int]], None]) -> list[int]:
+             resume: Callable[[list[int], bool], None]) -> list[int]:
         """Carries out a splice join on a parked member.
+
+        With too few free blocks for the join's fresh ones (those the
+        copied paths and the closing tag fill), the member is computed
+        again from its joined tokens instead, as a preempted spliced
+        member is (docs/formats.md): a join never fails and never waits
+        for blocks that only its own next step would free.
 
         Args:
             parent: Its request (parked: its goal's closing tag sampled,
                 not computed).
             splice: The action.
             resume: Appends tokens as its session's next chunk (its
-                parking's resume).
+                parking's resume), and whether its blocks were freed.
 
         Returns:
             The tokens appended after the closing tag.
@@ -233,37 +252,47 @@ class Splicing:
         closing = list(splice.closing_token_ids)
         position_map.append((at, max(anchors) + 1 - at))
         appended = token_ids[1:] + closing
-        resume(appended)
-        self._adopt(parent, paths[0].blocks, at, copies)
-        for kept in paths[1:]:
-            self._after_copies += kept.blocks
-        parent.num_computed_tokens = at
         self._set_map(parent.request_id, tuple(position_map))
+        manager = self.scheduler.kv_cache_manager
+        # Room for the closing tag too: its step needs no block that only
+        # the copies' landing frees.
+        fresh = max(
+            cdiv(at + len(closing), block_size) - len(paths[0].blocks), 0)
+        (held, ) = manager.get_blocks(parent.request_id).blocks
+        # The parent's blocks that no one else holds are free once it
+        # adopts the first path's.
+        freed = sum(block.ref_cnt == 1 for block in held)
+        if fresh > manager.block_pool.get_num_free_blocks() + freed:
+            manager.free(parent)
+            for kept in paths:
+                manager.block_pool.free_blocks(reversed(kept.blocks))
+            resume(appended, True)
+            return appended
+        resume(appended, False)
+        self._adopt(parent, paths[0].blocks, fresh, copies,
+                    [block for kept in paths[1:] for block in kept.blocks])
+        parent.num_computed_tokens = at
         return appended
 
-    def _adopt(self, parent: Request, blocks: list[Any], length: int,
-               copies: list[tuple[int, int, int]]) -> None:
+    def _adopt(self, parent: Request, blocks: list[Any], fresh: int,
+               copies: list[tuple[int, int, int]], sources: list[Any]) -> None:
         """The parent's blocks become ``blocks`` (our references moved to
-        it) and fresh ones up to ``length`` tokens, which ``copies``
-        fill."""
+        it) and ``fresh`` new ones, which ``copies`` fill from
+        ``sources``."""
         manager = self.scheduler.kv_cache_manager
-        pool = manager.block_pool
         (group, ) = manager.coordinator.single_type_managers
         manager.free(parent)
         block_size = self.scheduler.block_size
-        fresh = pool.get_new_blocks(
-            max(cdiv(length, block_size) - len(blocks), 0))
-        table = [*blocks, *fresh]
+        table = [*blocks, *manager.block_pool.get_new_blocks(fresh)]
         group.req_to_blocks[parent.request_id] = table
         cached = 0
         while cached < len(table) and table[cached].block_hash is not None:
             cached += 1
         group.num_cached_block[parent.request_id] = cached
-        self._pending.zero_blocks += [block.block_id for block in fresh]
-        self._pending.token_copies += [
-            (src, src_offset, table[dst // block_size].block_id,
-             dst % block_size) for src, src_offset, dst in copies
-        ]
+        self._copies[parent.request_id] = _Copies(
+            [block.block_id for block in table[len(blocks):]],
+            [(src, src_offset, table[dst // block_size].block_id,
+              dst % block_size) for src, src_offset, dst in copies], sources)
 
     def release_root(self, root_id: str) -> None:
         """A tree ended: frees its paths' blocks no join took."""
@@ -274,19 +303,33 @@ class Splicing:
                 pool.free_blocks(reversed(kept.blocks))
 
     def forget(self, request_id: str) -> None:
-        """A member's request ended for good: its map and salt go."""
+        """A member's request ended for good: its map and salt go, and a
+        join's copies no step carried yet (its blocks are freed: copies
+        into them would write blocks that may be another's now)."""
         self.maps.pop(request_id, None)
+        self._new_maps.pop(request_id, None)
         self._salted.pop(request_id, None)
+        copies = self._copies.pop(request_id, None)
+        if copies is not None:
+            self.scheduler.kv_cache_manager.block_pool.free_blocks(
+                copies.sources)
 
     def scheduled(self, scheduler_output: SchedulerOutput) -> None:
         """Gives a step with work what the model runners are due."""
-        if not self._pending or not scheduler_output.total_num_scheduled_tokens:
+        if not (self._new_maps or self._copies
+                ) or not scheduler_output.total_num_scheduled_tokens:
             return
-        setattr(scheduler_output, STEP_ATTRIBUTE, self._pending)
-        self._pending = SpliceStep()
-        if self._after_copies:
-            self._in_flight[id(scheduler_output)] = self._after_copies
-            self._after_copies = []
+        copies = list(self._copies.values())
+        setattr(
+            scheduler_output, STEP_ATTRIBUTE,
+            SpliceStep(self._new_maps,
+                       [block for c in copies for block in c.zero_blocks],
+                       [copy for c in copies for copy in c.token_copies]))
+        self._new_maps, self._copies = {}, {}
+        if copies:
+            self._in_flight[id(scheduler_output)] = [
+                block for c in copies for block in c.sources
+            ]
 
     def landed(self, scheduler_output: SchedulerOutput) -> None:
         """A step ran: the blocks its copies read are freed."""
@@ -296,7 +339,7 @@ class Splicing:
 
     def _set_map(self, request_id: str, position_map: PositionMap) -> None:
         self.maps[request_id] = position_map
-        self._pending.position_maps[request_id] = position_map
+        self._new_maps[request_id] = position_map
 
     def _salt(self, request: Request, boundary: int) -> None:
         """Salts a member's block hashes from ``boundary`` on (kept from

@@ -12,6 +12,8 @@ Modules:
 - `toy_server`: a hooked or stock `vllm serve` of a format toy model;
 - `threadweaver_toy`: models/threadweaver-toy as the model-free tests
   read it (tokenizer, ids, a prompt);
+- `splice_toy`: NPR's and Multiverse's toys as the model-free splice
+  tests read them, and their scripted greedy model;
 - `threadweaver_format`: ThreadWeaver's format as text (outline labels,
   thread headers and closure, what a join appends), which the reference
   controller and models/threadweaver-toy's task share;
