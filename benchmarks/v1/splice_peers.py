@@ -44,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sequence_hooks.tree import PromiseNode
-from sequence_hooks_bench.http_sides import write
+from sequence_hooks_bench.http_sides import round_medians, write
 from sequence_hooks_testkit.formats.toy_server import (MAX_MODEL_LEN, choices,
                                                        toy_server)
 from sequence_hooks_training import multiverse_task, npr_task
@@ -230,17 +230,7 @@ def main() -> None:
                         runs[side].append(
                             run_side(servers[side], model, batch, tokenizer,
                                      in_flight))
-                cell = {
-                    side: {
-                        key: statistics.median(r[key] for r in side_runs)
-                        for key in side_runs[0] if key != "token_ids"
-                    }
-                    for side, side_runs in runs.items()
-                }
-                for side, side_runs in runs.items():
-                    cell[side]["tasks_per_s_rounds"] = [
-                        r["tasks_per_s"] for r in side_runs
-                    ]
+                cell: dict = round_medians(runs)
                 cell["same_answers"] = statistics.mean(
                     a == b for s, p in zip(runs["splice"], runs["prefill"])
                     for a, b in zip(s["token_ids"], p["token_ids"]))

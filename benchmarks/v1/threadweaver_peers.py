@@ -49,6 +49,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from sequence_hooks_bench.http_sides import round_medians
 from sequence_hooks_references.formats.backends import HTTPBackend
 from sequence_hooks_references.formats.threadweaver_controller import (
     ThreadWeaverController)
@@ -279,17 +280,7 @@ def main() -> None:
             same = all(engine["token_ids"] == controller["token_ids"]
                        for engine, controller in zip(runs["engine"],
                                                      runs["controller"]))
-            cell = {
-                side: {
-                    key: statistics.median(r[key] for r in side_runs)
-                    for key in side_runs[0] if key != "token_ids"
-                }
-                for side, side_runs in runs.items()
-            }
-            for side, side_runs in runs.items():
-                cell[side]["tasks_per_s_rounds"] = [
-                    r["tasks_per_s"] for r in side_runs
-                ]
+            cell: dict = round_medians(runs)
             cell["tasks_per_round"] = len(prompts)
             cell["calibration"] = calibration
             cell.update(limit_of(cell))

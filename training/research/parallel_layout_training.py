@@ -91,19 +91,11 @@ def parser(doc: str, out: Path, steps: int,
         steps: Optimizer steps by default.
         width: Tokens a row by default.
     """
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--out", default=str(out))
-    parser.add_argument("--steps", type=int, default=steps)
-    parser.add_argument("--rows", type=int, default=4)
+    parser = loop.packed_toy_parser(doc, out, steps)
+    parser.set_defaults(lr=3e-3)
     parser.add_argument("--width", type=int, default=width)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--replaced", type=float, default=0.2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--init",
-                        help="go on from this checkpoint (new tasks: "
-                        "give another --seed)")
     return parser
 
 

@@ -450,6 +450,28 @@ async def server_block_size(session, server: Server) -> int:
                   text).group(1))
 
 
+def round_medians(runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """A cell's figures: per side, each figure's median over its rounds
+    (their token ids left out) and its tasks/s in each round.
+
+    Args:
+        runs: Per side, each round's figures (``tasks_per_s`` among them).
+
+    Returns:
+        Per side, its figures.
+    """
+    cell = {}
+    for side, side_runs in runs.items():
+        cell[side] = {
+            key: statistics.median(r[key] for r in side_runs)
+            for key in side_runs[0] if key != "token_ids"
+        }
+        cell[side]["tasks_per_s_rounds"] = [
+            r["tasks_per_s"] for r in side_runs
+        ]
+    return cell
+
+
 def write(results: dict, out: str) -> None:
     """Writes the results so far (every cell adds to them)."""
     Path(out).parent.mkdir(parents=True, exist_ok=True)
