@@ -358,13 +358,17 @@ def ending(toy: SpliceToy, how: str) -> tuple[dict[str, Node], str, dict]:
             **answer.nodes,
             "2": Node(toy.ids(cut) + [toy.eos], []),
         }, shown + cut + toy.tokenizer.eos_token, {})
-    # The window: path 2 never closes and runs out of room.
+    # The window: path 2 never closes and runs out of room; the answer,
+    # which holds path 1 too, is cut at the window, as decoding the paths
+    # in turn would stop there.
     endless = toy.ids(" banana = b a n a n a" + " so a" * 50)
     context = len(toy.ids(PROMPT + goal + "\n" + toy.header("2")))
+    window = context + PATH_BUDGET
+    answer_ids = toy.ids(shown) + endless[:PATH_BUDGET]
     return ({
         **answer.nodes, "2": Node(endless, [])
-    }, shown + toy.tokenizer.decode(endless[:PATH_BUDGET]), {
-        "max_model_len": context + PATH_BUDGET
+    }, toy.tokenizer.decode(answer_ids[:window - len(toy.ids(PROMPT))]), {
+        "max_model_len": window
     })
 
 

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """models/npr-toy and models/multiverse-toy as the model-free tests of the
 splicing formats on the V1 scheduler read them: each toy's folder
-(configuration and tokenizer; no weights are read), its task's tokenizer
+(configuration and tokenizer; no weights are read), its tokenizer
 and tags, its texts (a goal, a path's header), and a scripted greedy
 model of a tree (`scripted`).
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sequence_hooks_training import multiverse_task, npr_task
+from transformers import AutoTokenizer
 
 MODELS = Path(__file__).resolve().parents[3] / "models"
 # Where a path's script ends: the token it samples after its forced
@@ -73,14 +73,16 @@ class SpliceToy:
 
 TOYS = {
     "npr":
-    SpliceToy("npr", MODELS / "npr-toy", npr_task.build_tokenizer(), "",
+    SpliceToy("npr", MODELS / "npr-toy",
+              AutoTokenizer.from_pretrained(MODELS / "npr-toy"), "",
               "<guideline>", "</guideline>", "<plan>", "</plan>", "<step>",
               "</step>", "<takeaway>", "</takeaway>", ""),
     "multiverse":
     SpliceToy("multiverse", MODELS / "multiverse-toy",
-              multiverse_task.build_tokenizer(), "<Parallel>\n", "<Goal>",
-              "</Goal>", "<Outline>", "</Outline>", "<Path>", "</Path>",
-              "<Conclusion>", "</Conclusion>", "</Parallel>\n"),
+              AutoTokenizer.from_pretrained(MODELS / "multiverse-toy"),
+              "<Parallel>\n", "<Goal>", "</Goal>", "<Outline>", "</Outline>",
+              "<Path>", "</Path>", "<Conclusion>", "</Conclusion>",
+              "</Parallel>\n"),
 }
 
 
