@@ -12,8 +12,8 @@ from sequence_hooks_testkit.served import start, stop, wait_ready
 # The shared servers' hooks (their users declared, each stopped once no
 # test left needs it).
 from sequence_hooks_testkit.shared_servers import (  # noqa: F401 (hooks)
-    Declared, SharedServers, for_module, pytest_collection_finish,
-    pytest_configure, pytest_runtest_teardown, register)
+    pytest_collection_finish, pytest_configure, pytest_runtest_teardown,
+    shared, shared_servers)
 from sequence_hooks_testkit.tiny_model import (HookIds, build_tiny_model,
                                                build_tokenizer, tiny_hook_ids)
 from sequence_hooks_training import expand_eval
@@ -114,14 +114,4 @@ def all_shared_servers(request, tiny_model_path, hook_ids, tmp_path_factory):
             raise
         return server
 
-    servers = SharedServers({"hooked": hooked}, stop)
-    register(request, servers)
-    yield servers
-    servers.stop()
-
-
-@pytest.fixture(scope="module")
-def shared_servers(request, all_shared_servers) -> Declared:
-    """The shared servers the module declares
-    (``pytestmark = pytest.mark.shares(name, ...)``)."""
-    return for_module(request)
+    yield from shared(request, {"hooked": hooked}, stop)

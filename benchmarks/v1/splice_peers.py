@@ -44,7 +44,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from sequence_hooks.tree import PromiseNode
-from sequence_hooks_bench.http_sides import round_medians, write
+from sequence_hooks_bench.http_sides import (rate_and_latency, round_medians,
+                                             write)
 from sequence_hooks_testkit.formats.toy_server import (MAX_MODEL_LEN, choices,
                                                        toy_server)
 from sequence_hooks_training import multiverse_task, npr_task
@@ -124,15 +125,15 @@ def run_side(url: str, model: Path, tasks: list[tuple], tokenizer,
     with ThreadPoolExecutor(max_workers=in_flight) as pool:
         done = list(
             pool.map(lambda t: one_task(url, model, *t, tokenizer), tasks))
-    seconds = time.monotonic() - start
-    latencies = sorted(t["seconds"] for t in done)
     n = len(done)
     return {
-        "tasks_per_s": n / seconds,
-        "p50_s": statistics.median(latencies),
-        "p90_s": latencies[min(n - 1, int(0.9 * n))],
-        "right": sum(t["right"] for t in done) / n,
-        "forked": sum(t["forked"] for t in done) / n,
+        **rate_and_latency(time.monotonic() - start, [
+                               t["seconds"] for t in done
+                           ]),
+        "right":
+        sum(t["right"] for t in done) / n,
+        "forked":
+        sum(t["forked"] for t in done) / n,
         **{
             key: statistics.mean(t[key] for t in done)
             for key in AVERAGED

@@ -49,7 +49,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from sequence_hooks_bench.http_sides import round_medians
+from sequence_hooks_bench.http_sides import rate_and_latency, round_medians
 from sequence_hooks_references.formats.backends import HTTPBackend
 from sequence_hooks_references.formats.threadweaver_controller import (
     ThreadWeaverController)
@@ -225,16 +225,15 @@ def run_side(side: str, url: str, prompts: list[list[int]],
                     after["vllm:prefix_cache_hits_total"] -
                     before["vllm:prefix_cache_hits_total"])
     computed += sum(t["resumed_tokens"] for t in tasks)
-    latencies = sorted(t["seconds"] for t in tasks)
     n = len(tasks)
     return {
-        "tasks_per_s": n / seconds,
-        "p50_s": statistics.median(latencies),
-        "p90_s": latencies[min(n - 1, int(0.9 * n))],
-        "requests_per_task": sum(t["requests"] for t in tasks) / n,
+        **rate_and_latency(seconds, [t["seconds"] for t in tasks]),
+        "requests_per_task":
+        sum(t["requests"] for t in tasks) / n,
         "prompt_tokens_sent_per_task":
         sum(t["prompt_tokens"] for t in tasks) / n,
-        "prefill_computed_per_task": computed / n,
+        "prefill_computed_per_task":
+        computed / n,
         "token_ids": [t["token_ids"] for t in tasks],
     }
 

@@ -15,8 +15,9 @@ use of the name starts another. Whatever the order the tests run in,
 each gets a running server of its configuration.
 
 A suite's conftest imports the hooks below (`pytest_configure`,
-`pytest_collection_finish`, `pytest_runtest_teardown`) and gives its
-servers by a session fixture (`register`). After each test's teardown
+`pytest_collection_finish`, `pytest_runtest_teardown`) and the module
+fixture `shared_servers`, and gives its servers by a session fixture
+`all_shared_servers` (`shared`). After each test's teardown
 (its fixtures' included), a shared server that has exited though no test
 took it is dropped, so that the next use of its name starts another, and
 reported as an error of that test, with the end of its log. No vLLM
@@ -179,28 +180,36 @@ def declared(item: pytest.Item) -> frozenset[str]:
                      for name in mark.args)
 
 
-def register(request: pytest.FixtureRequest, servers: SharedServers) -> None:
-    """Makes ``servers`` the session's, so that each is stopped once no
-    test left to run declares it.
+def shared(
+        request: pytest.FixtureRequest, starts: dict[str, Callable[[], Any]],
+        stop: Callable[[Any], None]) -> Generator[SharedServers, None, None]:
+    """A suite's session fixture's body (``yield from shared(...)``): the
+    session's shared servers, each stopped once no test left to run
+    declares it, and all at the session's end.
 
     Args:
-        request: The request of the session fixture that made them.
-        servers: The session's shared servers.
+        request: The session fixture's request.
+        starts: Per name, the start of its server.
+        stop: Stops a server.
+
+    Yields:
+        The session's shared servers.
     """
+    servers = SharedServers(starts, stop)
     request.session.stash[_SERVERS] = servers
+    try:
+        yield servers
+    finally:
+        servers.stop()
 
 
-def for_module(request: pytest.FixtureRequest) -> Declared:
-    """The shared servers the requesting module declares.
-
-    Args:
-        request: A module fixture's request.
-
-    Returns:
-        The session's shared servers (`register`), limited to the names
-        the module declares.
-    """
-    return Declared(request.session.stash[_SERVERS], declared(request.node),
+@pytest.fixture(scope="module")
+def shared_servers(request: pytest.FixtureRequest,
+                   all_shared_servers: SharedServers) -> Declared:
+    """The shared servers the requesting module declares
+    (``pytestmark = pytest.mark.shares(name, ...)``), of the session's
+    `all_shared_servers` (a suite's conftest defines it with `shared`)."""
+    return Declared(all_shared_servers, declared(request.node),
                     request.node.nodeid)
 
 

@@ -22,8 +22,8 @@ from sequence_hooks_testkit import tiny_model  # noqa: E402
 # The shared servers' hooks (their users declared, each stopped once no
 # test left needs it).
 from sequence_hooks_testkit.shared_servers import (  # noqa: E402, F401
-    Declared, SharedServers, for_module, pytest_collection_finish,
-    pytest_configure, pytest_runtest_teardown, register)
+    pytest_collection_finish, pytest_configure, pytest_runtest_teardown,
+    shared, shared_servers)
 from sequence_hooks_testkit.tiny_model import HookIds  # noqa: E402
 from sequence_hooks_testkit.v1_engines import v1_llm  # noqa: E402
 
@@ -103,20 +103,10 @@ def all_shared_servers(request, tiny_model_path, tmp_path_factory):
             name,
             tmp_path_factory.mktemp(name) / "server.log")
 
-    servers = SharedServers(
-        {
+    yield from shared(
+        request, {
             "hooked, the user's metrics folder": user_metrics_folder,
             "data parallel": data_parallel,
             "threadweaver toy": format_server("threadweaver"),
             "apr toy": format_server("apr"),
         }, lambda server: stop_server(server.process))
-    register(request, servers)
-    yield servers
-    servers.stop()
-
-
-@pytest.fixture(scope="module")
-def shared_servers(request, all_shared_servers) -> Declared:
-    """The shared servers the module declares
-    (``pytestmark = pytest.mark.shares(name, ...)``)."""
-    return for_module(request)

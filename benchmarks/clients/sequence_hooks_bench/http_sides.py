@@ -450,6 +450,25 @@ async def server_block_size(session, server: Server) -> int:
                   text).group(1))
 
 
+def rate_and_latency(seconds: float, latencies: list[float]) -> dict:
+    """A round's tasks/s and latency p50 and p90.
+
+    Args:
+        seconds: The round's wall time.
+        latencies: Each task's seconds.
+
+    Returns:
+        ``tasks_per_s``, ``p50_s``, ``p90_s``.
+    """
+    ordered = sorted(latencies)
+    n = len(ordered)
+    return {
+        "tasks_per_s": n / seconds,
+        "p50_s": statistics.median(ordered),
+        "p90_s": ordered[min(n - 1, int(0.9 * n))],
+    }
+
+
 def round_medians(runs: dict[str, list[dict]]) -> dict[str, dict]:
     """A cell's figures: per side, each figure's median over its rounds
     (their token ids left out) and its tasks/s in each round.
