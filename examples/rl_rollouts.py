@@ -26,6 +26,9 @@ import dataclasses
 import json
 import os
 
+# examples/demo.py, beside this script.
+from demo import hooked_llm, requests_of
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -47,34 +50,21 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("VLLM_USE_V1", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from sequence_hooks import SpecialKwargs, training_records
-    from vllm import LLM, SamplingParams
+    from sequence_hooks import training_records
+    from vllm import SamplingParams
 
-    llm = LLM(model=args.model,
-              max_model_len=512,
-              enforce_eager=True,
-              dtype="float32",
-              special_kwargs=SpecialKwargs(sync_token="<sync>",
-                                           promise_token="<promise>",
-                                           child_role_token="<child>"))
+    llm = hooked_llm(
+        "v0", args.model,
+        dict(sync_token="<sync>",
+             promise_token="<promise>",
+             child_role_token="<child>"))
     tokenizer = llm.get_tokenizer()
     # Token ids, not text: a chat-templated string would get a second BOS.
     prompts = [{
         "prompt_token_ids":
         tokenizer.encode(p, add_special_tokens=False)
     } for p in args.prompt]
-    system = [{
-        "role": "system",
-        "content": args.system
-    }] if args.system else []
-    prompts += [{
-        "prompt_token_ids":
-        tokenizer.apply_chat_template(system + [{
-            "role": "user",
-            "content": message
-        }],
-                                      add_generation_prompt=True)
-    } for message in args.chat]
+    prompts += requests_of(llm, args.chat, args.system or "")
     params = SamplingParams(n=args.n,
                             temperature=args.temperature,
                             seed=args.seed,

@@ -46,14 +46,6 @@ from vllm_sequence_hooks import hooked_engine_args, promise_tree  # noqa: E402
 from sequence_hooks_training import capitals_task as task  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 
-# Prompt (about 60 tokens) and the longest completion.
-MAX_MODEL_LEN = 512
-# Sequences (roots and children) running at once: about 25 trees.
-MAX_NUM_SEQS = 128
-# Small blocks: at the CPU's default of 128 tokens a tree's short
-# children each hold a mostly empty block.
-BLOCK_SIZE = 32
-
 
 def sampled_tokens(node) -> int:
     """Tokens the engine sampled in a tree: every node's own, not the
@@ -112,17 +104,22 @@ def evaluate(model: Path, num_tasks: int, with_texts: bool = False) -> dict:
         (``cells`` and ``trees``: each half and form's first
         `COMMON_TASKS` tasks, `compact_tree`).
     """
-    llm = LLM(model=str(model),
-              dtype="float32",
-              max_model_len=MAX_MODEL_LEN,
-              max_num_seqs=MAX_NUM_SEQS,
-              block_size=BLOCK_SIZE,
-              enforce_eager=True,
-              seed=0,
-              **hooked_engine_args(
-                  dict(sync_token=task.SYNC,
-                       promise_token=task.PROMISE,
-                       child_role_token=task.CHILD)))
+    llm = LLM(
+        model=str(model),
+        dtype="float32",
+        # Prompt (about 60 tokens) and the longest completion.
+        max_model_len=512,
+        # Sequences (roots and children) running at once: about 25 trees.
+        max_num_seqs=128,
+        # Small blocks: at the CPU's default of 128 tokens a tree's
+        # short children each hold a mostly empty block.
+        block_size=32,
+        enforce_eager=True,
+        seed=0,
+        **hooked_engine_args(
+            dict(sync_token=task.SYNC,
+                 promise_token=task.PROMISE,
+                 child_role_token=task.CHILD)))
     tokenizer = llm.get_tokenizer()
     tasks = experiment.evaluation_tasks(num_tasks)
     prompts = [{

@@ -15,7 +15,6 @@ Usage (in .venv-v1): python training/research/eval_apr_model.py [MODEL]
     [--show 1]
 """
 
-import argparse
 import collections
 import random
 import re
@@ -25,9 +24,10 @@ from sequence_hooks.formats.apr import search_result
 from sequence_hooks_references.formats.apr_controller import (APRController,
                                                               run_apr)
 from sequence_hooks_references.formats.run_threadweaver import backend_for
-from sequence_hooks_training import apr_task
+from sequence_hooks_training import apr_task, loop
 
-ROOT = Path(__file__).resolve().parents[2]
+# The model evaluated by default.
+MODEL = Path(__file__).resolve().parents[2] / "models" / "apr-toy"
 # The lines a trace is made of (search.py and the controller's joins).
 LINE = re.compile("|".join([
     r"Moving to Node #\d+(,\d+)*",
@@ -62,15 +62,9 @@ def arithmetic(trace: str) -> tuple[int, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model",
-                        nargs="?",
-                        default=str(ROOT / "models" / "apr-toy"))
-    parser.add_argument("--tasks", type=int, default=100)
-    parser.add_argument("--seed", type=int, default=1000)
-    parser.add_argument("--url")
     # A training trace's longest call writes about 800 tokens.
-    parser.add_argument("--max-tokens", type=int, default=1024)
+    parser = loop.toy_eval_parser(__doc__, MODEL, tasks=100, max_tokens=1024)
+    parser.add_argument("--url")
     parser.add_argument("--show",
                         type=int,
                         default=1,

@@ -27,7 +27,6 @@ Usage: .venv/bin/python training/research/eval_parallel_layout_model.py
     [--write-prompts N]
 """
 
-import argparse
 import collections
 import json
 import random
@@ -39,11 +38,21 @@ from transformers import LlamaForCausalLM
 from sequence_hooks_references.layout_check import (decode_sequential,
                                                     greedy_mismatches)
 from sequence_hooks_references.parallel_layout import FORMATS
-from sequence_hooks_training import multiverse_task, npr_task
+from sequence_hooks_training import loop, multiverse_task, npr_task
 from sequence_hooks_training import spell_task as spell
 
 ROOT = Path(__file__).resolve().parents[2]
 TASKS = {"npr": npr_task, "multiverse": multiverse_task}
+# The command line's counts: flag, default, what its N is.
+COUNT_FLAGS = (
+    ("--check", 20, "check greedy_mismatches on those of the first N "
+     "answers that end with EOS"),
+    ("--interventions", 0, "N tasks whose paths' results are all replaced: "
+     "do the answers follow the paths?"),
+    ("--show", 0, "print the first N wrong answers"),
+    ("--write-prompts", 0, "write the first N held-out prompts to the "
+     "model's prompts.jsonl (with --tasks 0: only that)"),
+)
 
 
 def kind_of(task_mod, task) -> str:
@@ -92,23 +101,10 @@ def write_prompts(path: Path, task_mod, tasks) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", nargs="?")
+    parser = loop.toy_eval_parser(__doc__, None, tasks=200, max_tokens=400)
     parser.add_argument("--format", choices=sorted(TASKS))
-    parser.add_argument("--tasks", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=1000)
-    parser.add_argument("--max-tokens", type=int, default=400)
-    parser.add_argument("--check", type=int, default=20)
-    parser.add_argument("--interventions", type=int, default=0)
-    parser.add_argument("--show",
-                        type=int,
-                        default=0,
-                        help="print the first N wrong answers")
-    parser.add_argument("--write-prompts",
-                        type=int,
-                        default=0,
-                        help="write the first N held-out prompts to the "
-                        "model's prompts.jsonl (with --tasks 0: only that)")
+    for flag, default, meaning in COUNT_FLAGS:
+        parser.add_argument(flag, type=int, default=default, help=meaning)
     args = parser.parse_args()
     if args.model is None and args.format is None:
         parser.error("give MODEL or --format")

@@ -13,7 +13,6 @@ Usage (in .venv-v1): python training/research/eval_threadweaver_model.py
     [MODEL] [--tasks 200] [--seed 1000] [--url URL] [--max-tokens 160]
 """
 
-import argparse
 import collections
 import random
 from pathlib import Path
@@ -21,9 +20,11 @@ from pathlib import Path
 from sequence_hooks_references.formats.run_threadweaver import backend_for
 from sequence_hooks_references.formats.threadweaver_controller import (
     ThreadWeaverController, outline_labels, run)
+from sequence_hooks_training import loop
 from sequence_hooks_training import threadweaver_task as task_mod
 
-ROOT = Path(__file__).resolve().parents[2]
+# The model evaluated by default.
+MODEL = Path(__file__).resolve().parents[2] / "models" / "threadweaver-toy"
 
 
 def case_of(task) -> str:
@@ -62,15 +63,9 @@ def seen_cases(rollout, eos_id: int) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model",
-                        nargs="?",
-                        default=str(ROOT / "models" / "threadweaver-toy"))
-    parser.add_argument("--tasks", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=1000)
-    parser.add_argument("--url")
     # A correct trace's longest call is under 70 tokens.
-    parser.add_argument("--max-tokens", type=int, default=160)
+    parser = loop.toy_eval_parser(__doc__, MODEL, tasks=200, max_tokens=160)
+    parser.add_argument("--url")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     tasks = [task_mod.make_task(rng) for _ in range(args.tasks)]

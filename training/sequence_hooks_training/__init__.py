@@ -21,8 +21,9 @@ Modules:
   models/multiverse-toy's task in NPR's and Multiverse's formats, nested
   blocks in Multiverse's) and `spell_task` (what they share: spell words,
   answer their last letters);
-- `loop` (the toy models' training loop and the format toys' packed
-  runs).
+- `loop` (the toy models' training loop, the format toys' packed runs,
+  and the command lines of the format toys' training and evaluation
+  scripts).
 
 Built on the test kit alone (`sequence_hooks_testkit`: the tiny
 tokenizer's hook tokens, the cache, ThreadWeaver's format as text); the

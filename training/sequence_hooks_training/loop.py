@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The toy models' training loop: AdamW on a one-cycle schedule; the
-format toys' whole run from packed rows (`train_packed_toy`)."""
+format toys' whole run from packed rows (`train_packed_toy`); the command
+lines of the format toys' training and evaluation scripts."""
 
 import argparse
 import random
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -135,6 +137,28 @@ def packed_toy_parser(doc: str, out: Path,
     parser.add_argument("--init",
                         help="go on from this checkpoint (new tasks: "
                         "give another --seed)")
+    return parser
+
+
+def toy_eval_parser(doc: str, model: Optional[Path], tasks: int,
+                    max_tokens: int) -> argparse.ArgumentParser:
+    """The command line of a format toy's evaluation script: the model and
+    the held-out tasks (drawn from ``--seed``, 1000 by default: training
+    draws from 0).
+
+    Args:
+        doc: The script's docstring (its first line describes it).
+        model: The model's folder by default (None: no default).
+        tasks: Held-out tasks by default.
+        max_tokens: Each answer's (or call's) token budget by default.
+    """
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("model",
+                        nargs="?",
+                        default=None if model is None else str(model))
+    parser.add_argument("--tasks", type=int, default=tasks)
+    parser.add_argument("--seed", type=int, default=1000)
+    parser.add_argument("--max-tokens", type=int, default=max_tokens)
     return parser
 
 

@@ -55,7 +55,7 @@ from typing import Union
 from transformers import PreTrainedTokenizerFast
 
 from sequence_hooks_training import spell_task as spell
-from sequence_hooks_training.spell_task import FORCED, PROMPT, SAMPLED, Piece
+from sequence_hooks_training.spell_task import FORCED, SAMPLED, Piece
 from sequence_hooks_training.toy_tokenizer import EOS
 
 # Multiverse's added special tokens (train/utils.py), in its order.
@@ -142,24 +142,16 @@ def block(items: list[Item], prefix: str, rng: random.Random,
     return out, [letter for r in results for letter in r]
 
 
-def pieces(items: list[Item],
-           rng: random.Random,
-           replaced: float = 0.0) -> list[Piece]:
-    """The task's training sequence as the engine ends with it, piece by
-    piece (prompt, sampled, forced, replaced).
-
-    Args:
-        items: The task.
-        rng: Draws the replaced results.
-        replaced: The share of word paths whose result is replaced.
-    """
-    out = [Piece(prompt_of(items), PROMPT)]
-    if len(items) == 1 and isinstance(items[0], str):
-        return out + spell.direct(items[0])
+def forking_answer(items: list[Item], rng: random.Random,
+                   replaced: float) -> list[Piece]:
+    """The answer to a task that forks: its block (``replaced``: the
+    share of word paths whose result is replaced) and the answer line."""
     inner, letters = block(items, "", rng, replaced)
-    return out + inner + [
-        Piece(f"\n{spell.answer_text(letters)}" + EOS, SAMPLED)
-    ]
+    return inner + [Piece(f"\n{spell.answer_text(letters)}" + EOS, SAMPLED)]
+
+
+# The task's training sequence, piece by piece (`spell_task.sequence_of`).
+pieces = spell.sequence_of(prompt_of, forking_answer)
 
 
 def words_of(items: list[Item]) -> list[str]:

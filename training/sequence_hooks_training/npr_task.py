@@ -37,7 +37,7 @@ import random
 from transformers import PreTrainedTokenizerFast
 
 from sequence_hooks_training import spell_task as spell
-from sequence_hooks_training.spell_task import FORCED, PROMPT, SAMPLED, Piece
+from sequence_hooks_training.spell_task import FORCED, SAMPLED, Piece
 from sequence_hooks_training.toy_tokenizer import EOS
 
 # NPR's tags, each a special token of the toy's tokenizer.
@@ -66,23 +66,14 @@ def prompt_of(words: list[str]) -> str:
     return " ".join(words) + "\n"
 
 
-def pieces(words: list[str],
-           rng: random.Random,
-           replaced: float = 0.0) -> list[Piece]:
-    """The task's training sequence as the engine ends with it, piece by
-    piece (prompt, sampled, forced, replaced).
-
-    Args:
-        words: The task.
-        rng: Draws the replaced results.
-        replaced: The share of steps whose result is replaced.
-    """
-    out = [Piece(prompt_of(words), PROMPT)]
-    if len(words) == 1:
-        return out + spell.direct(words[0])
+def forking_answer(words: list[str], rng: random.Random,
+                   replaced: float) -> list[Piece]:
+    """The answer to a task of several words: the guideline, a step per
+    word (``replaced``: the share of steps whose result is replaced), the
+    takeaway and the answer line."""
     labels = [str(k) for k in range(1, len(words) + 1)]
     plans = "".join(f"<plan>{k}: {w}</plan>\n" for k, w in zip(labels, words))
-    out += [
+    out = [
         Piece(f"<guideline>\n{plans}</guideline>", SAMPLED),
         Piece("\n", FORCED)
     ]
@@ -98,6 +89,10 @@ def pieces(words: list[str],
         Piece(f"{takeaway}\n</takeaway>\n{spell.answer_text(results)}" + EOS,
               SAMPLED)
     ]
+
+
+# The task's training sequence, piece by piece (`spell_task.sequence_of`).
+pieces = spell.sequence_of(prompt_of, forking_answer)
 
 
 def answer_of(words: list[str]) -> list[str]:

@@ -22,6 +22,7 @@ pieces' tokens one after the other.
 
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from transformers import PreTrainedTokenizerFast
@@ -93,6 +94,42 @@ def direct(word: str) -> list[Piece]:
             f"{spelling(word).lstrip()} {word[-1]}\n{ANSWER} {word[-1]}" + EOS,
             SAMPLED)
     ]
+
+
+def sequence_of(
+    prompt_of: Callable[[list], str],
+    forking_answer: Callable[[list, random.Random, float], list[Piece]],
+) -> Callable[..., list[Piece]]:
+    """A toy's `pieces` (`npr_task.pieces`, `multiverse_task.pieces`): the
+    prompt, then a one-word task's direct answer or the toy's block.
+
+    Args:
+        prompt_of: The toy's prompt of a task.
+        forking_answer: The toy's answer to a task that forks (its block
+            and the answer line) from the task, the draws and the share
+            replaced.
+
+    Returns:
+        ``pieces(task, rng, replaced=0.0)``.
+    """
+
+    def pieces(task: list,
+               rng: random.Random,
+               replaced: float = 0.0) -> list[Piece]:
+        """The task's training sequence as the engine ends with it, piece
+        by piece (prompt, sampled, forced, replaced).
+
+        Args:
+            task: The task.
+            rng: Draws the replaced results.
+            replaced: The share of word paths whose result is replaced.
+        """
+        out = [Piece(prompt_of(task), PROMPT)]
+        if len(task) == 1 and isinstance(task[0], str):
+            return out + direct(task[0])
+        return out + forking_answer(task, rng, replaced)
+
+    return pieces
 
 
 def answer_text(letters: list[str]) -> str:

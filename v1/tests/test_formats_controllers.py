@@ -35,24 +35,14 @@ PROMPTS = [
     for line in (MODEL / "prompts.jsonl").read_text().splitlines()
 ]
 
-# ThreadWeaver's own strings, as its `ParallelBranchingController` writes
-# them (facebookresearch/threadweaver, single_turn_agent_loop.py): the
-# expectations, written here, not read from the controller under test.
-LABELS = re.compile(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:")
-CLOSURE = "\n</Thread>"
-CONTINUATION, FINAL = "\n", "\n</Parallel>"
-CONCLUSION_CONTINUATION = "\n<Conclusion>\n"
-CONCLUSION_FINAL = "\n<Conclusion>\n</Conclusion>\n</Parallel>"
-
-
-def first_header(label: str) -> str:
-    """A branch's prompt header, and the first branch's in the join."""
-    return "\n<Thread>\n" + f"{label}:"
-
-
-def later_header(label: str) -> str:
-    """Every later branch's header in the join."""
-    return "<Thread>\n" + f"{label}:"
+# The expectations below are literal texts, as ThreadWeaver's
+# `ParallelBranchingController` (facebookresearch/threadweaver,
+# single_turn_agent_loop.py) writes them for these labels, not read from
+# the controller under test or the format it shares: a branch's header
+# "\n<Thread>\n1:" (in the join "<Thread>\n2:" after the first), an
+# unclosed branch's "\n</Thread>", after a join "\n" or, where a branch
+# ended the answer, "\n</Parallel>" (no_conclusion=False: "\n<Conclusion>\n"
+# or "\n<Conclusion>\n</Conclusion>\n</Parallel>").
 
 
 def ids(text: str) -> list[int]:
@@ -115,7 +105,7 @@ def test_a_step_s_calls_their_stops_budgets_and_headers():
     assert seq["max_tokens"] == 100
     outline = ids("<Parallel>\n<Outlines>\n<Outline>1: 5</Outline>\n"
                   "</Outlines>")
-    assert branch_prompt == prompt + outline + ids(first_header("1"))
+    assert branch_prompt == prompt + outline + ids("\n<Thread>\n1:")
     assert out.token_ids == outline + ids("\n<Thread>\n1: 1*5=5\n</Thread>"
                                           "\n")
     assert out.ended == "max_iterations" and out.calls == 2
@@ -144,7 +134,7 @@ def test_the_response_budget_closes_the_block_and_cuts_the_answer():
     [[out]] = run(ThreadWeaverController(TOKENIZER, response_length=20),
                   backend, [ids("1: 5\n")])
     assert out.ended == "response_length"
-    assert out.forks[0].suffix_ids == ids(FINAL)
+    assert out.forks[0].suffix_ids == ids("\n</Parallel>")
     assert len(out.token_ids) == 20
 
 
@@ -186,6 +176,12 @@ def test_several_outlines_and_a_repeated_label_join_in_label_order():
         })
     [fork] = out.forks
     assert [b.label for b in fork.branches] == ["1", "2", "3"]
+    assert [b.joined_ids for b in fork.branches] == [
+        ids("\n<Thread>\n1: 1*5=5\n</Thread>"),
+        ids("<Thread>\n2: 2\n</Thread>"),
+        ids("<Thread>\n3: 1*5=5\n</Thread>")
+    ]
+    assert fork.suffix_ids == ids("\n")
     assert [len(step) for step in backend.calls] == [1, 3, 1]
     assert out.text == (outlines("1", "2", "1", "3") +
                         "\n<Thread>\n1: 1*5=5\n</Thread><Thread>\n2: 2\n"
@@ -195,17 +191,18 @@ def test_several_outlines_and_a_repeated_label_join_in_label_order():
 
 
 @pytest.mark.parametrize(
-    "thread, settings, sampled, reason",
+    "thread, settings, sampled, reason, joined",
     [
-        (" 0\nanswer 0</s>", {}, " 0\nanswer 0</s>", "stop"),
+        (" 0\nanswer 0</s>", {}, " 0\nanswer 0</s>", "stop",
+         "<Thread>\n2: 0\nanswer 0\n</Thread>"),
         # Prompt 5 + outlines 19 + header 5 leave 8 tokens to each branch.
         (" 1*5=5 5*5=5\n</Thread>", {
             "max_model_len": 37
-        }, " 1*5=5 5", "length")
+        }, " 1*5=5 5", "length", "<Thread>\n2: 1*5=5 5\n</Thread>")
     ],
     ids=["EOS", "the window"])
 def test_a_branch_that_hits_eos_or_the_window_is_closed_and_ends_the_answer(
-        thread, settings, sampled, reason):
+        thread, settings, sampled, reason, joined):
     """The branch keeps what it sampled; its join is its header, its
     tokens cut before an EOS and the closure; then the block closes and
     the answer ends."""
@@ -216,10 +213,13 @@ def test_a_branch_that_hits_eos_or_the_window_is_closed_and_ends_the_answer(
     [fork] = out.forks
     assert [b.finish_reason for b in fork.branches] == ["stop", reason]
     assert fork.branches[1].token_ids == ids(sampled)
-    joined = later_header("2") + sampled.removesuffix("</s>") + CLOSURE
+    assert fork.branches[0].joined_ids == ids(
+        "\n<Thread>\n1: 1*5=5\n</Thread>")
     assert fork.branches[1].joined_ids == ids(joined)
-    assert fork.suffix_ids == ids(FINAL)
-    assert out.text.endswith("</Thread>" + joined + FINAL)
+    assert fork.suffix_ids == ids("\n</Parallel>")
+    assert out.text == (outlines("1", "2") +
+                        "\n<Thread>\n1: 1*5=5\n</Thread>" + joined +
+                        "\n</Parallel>")
     assert out.ended == "thread_ended" and out.calls == 3
 
 
@@ -238,16 +238,26 @@ def test_two_rounds_of_outlines_fork_the_last_one_s_labels():
         for label in "123"})
     assert [[b.label for b in f.branches] for f in out.forks] == [["1", "2"],
                                                                   ["3"]]
-    assert [f.suffix_ids for f in out.forks] == [ids(CONTINUATION)] * 2
+    assert [f.suffix_ids for f in out.forks] == [ids("\n")] * 2
+    assert out.text == (outlines("1", "2") +
+                        "\n<Thread>\n1: 1*5=5\n</Thread><Thread>\n2: 1*5=5\n"
+                        "</Thread>\n</Parallel>\n" + outlines("3") +
+                        "\n<Thread>\n3: 1*5=5\n</Thread>\n</Parallel>\n"
+                        "answer 5</s>")
     assert out.calls == 6 and out.ended == "eos"
 
 
 def test_the_conclusion_variant_opens_an_empty_conclusion():
     out, _ = scripted([outlines("1"), "answer 5</s>"], {"1": CLOSED},
                       no_conclusion=False)
-    assert out.forks[0].suffix_ids == ids(CONCLUSION_CONTINUATION)
+    assert out.forks[0].suffix_ids == ids("\n<Conclusion>\n")
+    assert out.text == (outlines("1") + "\n<Thread>\n1: 1*5=5\n</Thread>"
+                        "\n<Conclusion>\nanswer 5</s>")
     out, _ = scripted([outlines("1")], {"1": " 0</s>"}, no_conclusion=False)
-    assert out.forks[0].suffix_ids == ids(CONCLUSION_FINAL)
+    assert out.forks[0].suffix_ids == ids(
+        "\n<Conclusion>\n</Conclusion>\n</Parallel>")
+    assert out.text == (outlines("1") + "\n<Thread>\n1: 0\n</Thread>"
+                        "\n<Conclusion>\n</Conclusion>\n</Parallel>")
 
 
 def test_a_step_with_no_token_ends_the_answer():
@@ -262,20 +272,22 @@ def check_rollout(prompt: list[int], out: dict) -> None:
         context = prompt + response[:fork["position"]]
         start = len(context) - context[::-1].index(
             TOKENIZER.convert_tokens_to_ids("<Outlines>")) - 1
-        labels = LABELS.findall(TOKENIZER.decode(context[start:]))
+        labels = re.findall(r"<Outline>\s*([0-9]+(?:\.[0-9]+)*)\s*:",
+                            TOKENIZER.decode(context[start:]))
         assert [b["label"]
                 for b in fork["branches"]] == list(dict.fromkeys(labels))
         joined, ended = [], False
         for i, branch in enumerate(fork["branches"]):
             tokens = branch["token_ids"]
-            header = first_header if i == 0 else later_header
+            # Only the first header opens on a new line.
+            header = "\n" * (i == 0) + f"<Thread>\n{branch['label']}:"
             kept = tokens[:tokens.index(EOS)] if EOS in tokens else tokens
             if tokens[-1:] != [THREAD_END]:
-                kept = kept + ids(CLOSURE)
-            assert branch["joined_ids"] == ids(header(branch["label"])) + kept
+                kept = kept + ids("\n</Thread>")
+            assert branch["joined_ids"] == ids(header) + kept
             ended |= branch["finish_reason"] == "length" or EOS in tokens
             joined += branch["joined_ids"]
-        assert fork["suffix_ids"] == ids(FINAL if ended else CONTINUATION)
+        assert fork["suffix_ids"] == ids("\n</Parallel>" if ended else "\n")
         end = fork["position"] + len(joined) + len(fork["suffix_ids"])
         assert response[fork["position"]:end] == joined + fork["suffix_ids"]
         if ended:

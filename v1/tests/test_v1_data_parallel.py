@@ -120,6 +120,23 @@ def wait_idle(url: str) -> dict:
     return held
 
 
+def nothing_held(engines: int) -> dict:
+    """What `wait_idle` reads of a server whose ``engines`` engine cores
+    hold nothing: no request, no KV block, no child, no parked parent."""
+    return {
+        "engines": {
+            str(rank): {
+                "running": 0.0,
+                "waiting": 0.0,
+                "kv_cache_usage": 0.0
+            }
+            for rank in range(engines)
+        },
+        "vllm:sequence_hook_children_running": 0.0,
+        "vllm:sequence_hook_parents_parked": 0.0,
+    }
+
+
 def answers_match_one_engine(url, one_engine_answers, tiny_model_path,
                              hook_ids, rounds: int) -> int:
     """Plays every case on a server with `ENGINES` engine cores and checks
@@ -174,18 +191,7 @@ def play_and_check(url: str, one_engine_answers, tiny_model_path, hook_ids,
                                        tiny_model_path, hook_ids, rounds)
     held = wait_idle(url)
     counted = metric(url, "promises_spawned_total") - before
-    assert held == {
-        "engines": {
-            str(rank): {
-                "running": 0.0,
-                "waiting": 0.0,
-                "kv_cache_usage": 0.0
-            }
-            for rank in range(ENGINES)
-        },
-        "vllm:sequence_hook_children_running": 0.0,
-        "vllm:sequence_hook_parents_parked": 0.0,
-    }
+    assert held == nothing_held(ENGINES)
     assert counted == spawned
 
 

@@ -13,15 +13,49 @@ src/eval/parallel_infernce_utils.py: `sub_search_info`
 `after_sub_searches` (`get_main_trace_after_sub_search`). Lists in a
 trace are read with ``ast.literal_eval`` where the reference uses
 ``eval``.
+
+The reference reads a trace with ``str.split``; here regular
+expressions find its lines and fields (a field is the text after its tag
+up to the tag's next occurrence, as ``split(tag)[1]`` is), in the
+reference's order, so that a trace it cannot read raises here as there
+(the same error, but for ``eval``'s).
 """
 
 import ast
-from typing import Optional, TypedDict
+import re
+from typing import Any, Optional, TypedDict
 
 # Every call's stop string; the controller writes CALLING in its place.
 STOP = "<Sub Searches>"
 CALLING = "<Calling Sub Searches>"
+CALL_ENDS = "<End Calling Sub Searches>"
 GOAL = "Goal Reached"
+
+
+def _up_to_next(tag: str, end: str = "") -> "re.Pattern[str]":
+    """What follows ``tag`` up to its next occurrence (or ``end``, a
+    pattern) or the string's end: the reference's ``text.split(tag)[1]``
+    (then ``.split(end)[0]``)."""
+    tag = re.escape(tag)
+    stops = "|".join(filter(None, (end, tag, r"\Z")))
+    return re.compile(f"{tag}(.*?)(?={stops})", re.S)
+
+
+_NODE_ID = _up_to_next("Moving to Node #")
+_STATE = _up_to_next("Current State:", r"\],")
+_OPERATIONS = _up_to_next("Operations:")
+_OPERATION = _up_to_next("Operation:")
+# A line that moves to a node, where the next one shows its state (that
+# line not consumed: it may move to a node too).
+_MOVE = re.compile(
+    r"^([^\n]*Moving to Node #[^\n]*)\n(?=([^\n]*Current State:[^\n]*))", re.M)
+_GENERATED = re.compile(r"^[^\n]*Generated Node[^\n]*", re.M)
+# A generated node's id: from the first "#" to the next "#" or colon,
+# with no colon before it.
+_GENERATED_ID = re.compile(r"\A[^:#]*#([^:#]*)")
+# A line of a call that starts a sub-search from a node.
+_LISTED = re.compile(
+    r"^(?=[^\n]*<Start Sub Search)(?=[^\n]*Moving to Node)[^\n]*", re.M)
 
 
 class SubSearchNode(TypedDict):
@@ -46,46 +80,71 @@ def generated(bos_token: str, prefix: str, text: str) -> str:
 
 def decoded(trace: str) -> str:
     """A trace as `decode_trace` returns it: an empty last line dropped."""
-    return trace[:-1] if trace.split("\n")[-1] == "" else trace
+    return trace.removesuffix("\n")
 
 
 def calls_sub_searches(trace: str) -> bool:
     """Whether the trace's last line ends a call of sub-searches."""
-    return "<End Calling Sub Searches>" in trace.split("\n")[-1]
+    return CALL_ENDS in trace.rpartition("\n")[2]
+
+
+# The reference's error where it indexes a split past its end.
+_PAST_THE_END = "list index out of range"
+
+
+def _found(pattern: "re.Pattern[str]", text: str) -> str:
+    """``pattern``'s group in ``text``; where it is not (the reference's
+    split finds no tag), the reference's IndexError."""
+    match = pattern.search(text)
+    if match is None:
+        raise IndexError(_PAST_THE_END)
+    return match[1]
+
+
+def _target_and_nums(state: str, close: str) -> tuple[int, Any]:
+    """A state "target:nums": the target before its first colon, and the
+    numbers up to a second one, then ``close``, as a literal (IndexError
+    with no colon, after the target is read)."""
+    target, colon, rest = state.partition(":")
+    number = int(target)
+    if not colon:
+        raise IndexError(_PAST_THE_END)
+    return number, ast.literal_eval(rest.partition(":")[0].strip() + close)
 
 
 def _described_nodes(trace: str) -> dict[str, SubSearchNode]:
-    """Every node the trace describes, by id: a "Moving to Node #id" line
-    followed by its "Current State:" line, then every "Generated Node"
-    line of an id not seen, its operations its parent's and its own."""
+    """Every node the trace describes, by id: each "Moving to Node #id"
+    line whose next line shows its "Current State:", in order (a later
+    one of an id replaces it), then each "Generated Node" line of an id
+    not seen, its operations its parent's and its own. Raises on the
+    first it cannot read."""
     nodes: dict[str, SubSearchNode] = {}
-    lines = trace.split("\n")
-    for i in range(len(lines) - 1):
-        if "Moving to Node #" in lines[i] and "Current State:" in lines[i + 1]:
-            node_id = lines[i].split("Moving to Node #")[1].strip()
-            state = lines[i + 1].split("Current State:")[1].split("],")[0]
-            state = state.strip()
-            nodes[node_id] = SubSearchNode(
-                node=f"#{node_id}",
-                target=int(state.split(":")[0]),
-                nums=ast.literal_eval(state.split(":")[1].strip() + "]"),
-                operations=ast.literal_eval(
-                    lines[i + 1].split("Operations:")[1].strip()))
-    for line in lines:
-        if "Generated Node" not in line:
-            continue
-        node_id = line.split(":")[0].split("#")[1]
+    for move in _MOVE.finditer(trace):
+        node_id = _found(_NODE_ID, move[1]).strip()
+        state = _found(_STATE, move[2]).strip()
+        operations = _found(_OPERATIONS, move[2]).strip()
+        target, nums = _target_and_nums(state, "]")
+        nodes[node_id] = SubSearchNode(node="#" + node_id,
+                                       target=target,
+                                       nums=nums,
+                                       operations=ast.literal_eval(operations))
+    for line in _GENERATED.finditer(trace):
+        node_id = _found(_GENERATED_ID, line[0])
         if node_id in nodes:
             continue
-        rest = line.split(":", 1)[1].strip()
-        state = rest.split("Operation:")[0].strip()
-        operation = rest.split("Operation:")[1].strip()
-        parent = nodes[",".join(node_id.split(",")[:-1])]
+        _, colon, rest = line[0].partition(":")
+        if not colon:
+            raise IndexError(_PAST_THE_END)
+        rest = rest.strip()
+        operation = _found(_OPERATION, rest).strip()
+        target, nums = _target_and_nums(
+            rest.partition("Operation:")[0].strip(), "")
+        parent_id, _, _ = node_id.rpartition(",")
         nodes[node_id] = SubSearchNode(
-            node=f"#{node_id}",
-            target=int(state.split(":")[0]),
-            nums=ast.literal_eval(state.split(":")[1].strip()),
-            operations=parent["operations"] + [operation])
+            node="#" + node_id,
+            target=target,
+            nums=nums,
+            operations=nodes[parent_id]["operations"] + [operation])
     return nodes
 
 
@@ -123,12 +182,11 @@ def sub_search_info(trace: str,
     if not calls_sub_searches(trace):
         raise ValueError("the trace calls no sub-searches")
     nodes = _described_nodes(trace)
-    section = trace.split(CALLING + "\n")[-1]
-    section = section.split("\n<End Calling Sub Searches>")[0]
+    call = trace.rpartition(CALLING + "\n")[2]
+    call = call.partition("\n" + CALL_ENDS)[0]
     listed = [
-        nodes[line.split("Moving to Node #")[1].strip()]
-        for line in section.split("\n")
-        if "<Start Sub Search" in line and "Moving to Node" in line
+        nodes[_found(_NODE_ID, line[0]).strip()]
+        for line in _LISTED.finditer(call)
     ]
     budget = child_budget(budget, len(listed), avg_sub_call)
     return [sub_search_prefix(node, budget) for node in listed], listed
@@ -150,13 +208,12 @@ def after_sub_searches(trace: str, nodes: list[SubSearchNode],
     ``<Calling Sub Searches>\\n``, then each sub-search's result."""
     if not calls_sub_searches(trace):
         raise ValueError("the trace calls no sub-searches")
-    prefix = (CALLING + "\n").join(trace.split(CALLING + "\n")[:-1])
-    prefix += "<Sub Searches>\n"
+    where = "in Sub Search {} at level 1 at Node {}>\n"
+    parts = [trace.rpartition(CALLING + "\n")[0], STOP + "\n"]
     for i, (node, result) in enumerate(zip(nodes, results)):
         if result is None:
-            prefix += (f"<No Solution in Sub Search {i} at level 1 at Node "
-                       f"{node['node']}>\n")
+            parts.append("<No Solution " + where.format(i, node["node"]))
         else:
-            prefix += (f"<Goal Reached in Sub Search {i} at level 1 at Node "
-                       f"{node['node']}>\n" + result + "\n")
-    return prefix + "<End Sub Searches>\n"
+            parts += ("<Goal Reached " + where.format(i, node["node"]), result,
+                      "\n")
+    return "".join(parts) + "<End Sub Searches>\n"
