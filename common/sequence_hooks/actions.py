@@ -76,6 +76,12 @@ class RequestParams:
     # The request's own text codec (`sequence_hooks.texts.Texts`: a LoRA
     # adapter's tokenizer); None: the model's.
     texts: Any = None
+    # The ids its calls stop at besides EOS: its own `stop_token_ids`
+    # and, as vLLM adds them, the generation config's other EOS ids.
+    stop_token_ids: tuple[int, ...] = ()
+    # The tokenizer's EOS id; None: unknown (no stop id is then told
+    # from EOS).
+    eos_token_id: Optional[int] = None
 
     @classmethod
     def of(cls,
@@ -89,7 +95,8 @@ class RequestParams:
             prompt_len: Its prompt's length.
             max_tokens: Its own-token budget (the engine's reading of it).
             sampling_params: Its `SamplingParams` (`min_tokens`, `seed`,
-                `stop`: the same fields on V0 and V1).
+                `stop`, `stop_token_ids`: the same fields on V0 and V1;
+                `eos_token_id`, where the engine sets it: V1).
             texts: Its own text codec, if not the model's.
 
         Returns:
@@ -97,7 +104,15 @@ class RequestParams:
         """
         return cls(prompt_len, max_tokens,
                    sampling_params.min_tokens, sampling_params.seed,
-                   tuple(sampling_params.stop or ()), texts)
+                   tuple(sampling_params.stop or ()), texts,
+                   tuple(sampling_params.stop_token_ids or ()),
+                   getattr(sampling_params, "eos_token_id", None))
+
+    def ends_call_at_own_stop(self, token_id: int) -> bool:
+        """Whether a call that stopped at ``token_id`` stopped at one of
+        the request's stop ids that is not EOS."""
+        return (token_id in self.stop_token_ids
+                and token_id != self.eos_token_id)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ header tokens and stop ids, and is parked at the trigger; once they have
 all finished it gets the join the format builds from their tokens (a
 template at token level) and resumes, or ends there (`Conclude`) when the
 format, its step limit, the budget or the model length says so. Branches
-never fork again.
+never fork again. A root's call that ends at one of its request's own
+stop ids (not EOS) is followed by another call from its whole context, as
+a controller that merges the request's stop ids into its calls makes it.
 
 A format is data plus two functions (`ForkJoinFormat`): which branches a
 context forks, and what their results join into.
@@ -26,15 +28,17 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from sequence_hooks.actions import (MERGED_TOKEN_LOGPROB, Action, Conclude,
-                                    RequestParams, Restart, Resume, StartTree)
-from sequence_hooks.formats import (BRANCH_STOPS, CONCLUDE, FORK, PARK_RESUME,
-                                    RESTART)
+                                    MemberResult, RequestParams, Restart,
+                                    Resume, StartTree)
+from sequence_hooks.formats import (ARRIVALS, BRANCH_STOPS, CONCLUDE, FORK,
+                                    PARK_RESUME, RESTART)
 from sequence_hooks.lifecycle import Coordinator, FormatPolicy
 from sequence_hooks.members import Member
 
 # What `ForkJoinPolicy`'s actions need of an engine (a format built on it
 # declares these as its `Format.needs`).
-NEEDS = frozenset({FORK, PARK_RESUME, BRANCH_STOPS, CONCLUDE, RESTART})
+NEEDS = frozenset(
+    {FORK, PARK_RESUME, BRANCH_STOPS, CONCLUDE, RESTART, ARRIVALS})
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,10 @@ class ForkJoinPolicy(TriggerPolicy):
         fork_join_format: The format.
     """
 
+    # A request whose calls may stop at ids of its own is tracked from
+    # its arrival: its first call's end may be no end of the answer.
+    trees_start_at_arrival = True
+
     def __init__(self, coordinator: Coordinator,
                  fork_join_format: ForkJoinFormat) -> None:
         super().__init__(coordinator, fork_join_format)
@@ -161,6 +169,55 @@ class ForkJoinPolicy(TriggerPolicy):
         self._steps: dict[str, int] = {}
         # Per parked root, its whole token ids at the fork.
         self._contexts: dict[str, tuple[int, ...]] = {}
+        # Per root tracked from its arrival, its prompt.
+        self._prompts: dict[str, tuple[int, ...]] = {}
+
+    def arrived(self, member_id: str, prompt_token_ids: list[int],
+                params: RequestParams) -> list[Action]:
+        """A request with stop ids of its own besides EOS is a tree's
+        root from here: the engine reports its calls' ends.
+
+        Returns:
+            Its `StartTree`, or none (a request with no such stop id).
+        """
+        if not any(
+                params.ends_call_at_own_stop(i)
+                for i in params.stop_token_ids):
+            return []
+        member = self.coordinator.track_root(member_id, params)
+        self._prompts[member_id] = tuple(prompt_token_ids)
+        return [StartTree(member_id, member.tree.state)]
+
+    def finished(self, member_id: str, reason: str,
+                 result: MemberResult) -> list[Action]:
+        """A root's call that stopped at one of its request's own stop
+        ids (neither EOS nor length) is followed by the next sequential
+        call from its whole context (`Restart`), within the step limit,
+        the budget and the window; any other finish is the member's
+        end.
+
+        Returns:
+            The root's `Restart`, or its end's actions.
+        """
+        coordinator = self.coordinator
+        member = coordinator.member(member_id)
+        own = tuple(result.token_ids)
+        if (member is None or coordinator.is_child(member_id)
+                or member_id not in self._prompts or reason != "stop"
+                or not own
+                or not member.tree.params.ends_call_at_own_stop(own[-1])):
+            return coordinator.end(member_id, reason, result)
+        steps = self._steps[member_id] = self._steps.get(member_id, 1) + 1
+        context = (*self._prompts[member_id], *own)
+        budget = member.tree.params.max_tokens
+        if (steps > self.format.max_steps
+                or len(context) >= coordinator.max_model_len
+                or budget is not None and len(own) >= budget):
+            return coordinator.end(member_id, reason, result)
+        return [
+            Restart(member_id, context, (), MERGED_TOKEN_LOGPROB,
+                    None if budget is None else budget - len(own))
+        ]
 
     def sampled(self, member_id: str, token_ids: Sequence[int],
                 params: Callable[[], RequestParams],
@@ -253,7 +310,8 @@ class ForkJoinPolicy(TriggerPolicy):
         ]
 
     def forget(self, member: Member) -> None:
-        """Drops the tree's step count and parked context."""
+        """Drops the tree's step count, parked context and prompt."""
         root_id = member.tree.state.root.request_id
         self._steps.pop(root_id, None)
         self._contexts.pop(root_id, None)
+        self._prompts.pop(root_id, None)

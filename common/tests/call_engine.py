@@ -60,6 +60,8 @@ class CallEngine:
         max_tokens: The request's budget as the coordinator is given it
             (None: none, each call's budget the window's).
         seed: The request's seed.
+        stop_token_ids: The request's own stop ids: every call of it
+            stops there, as vLLM merges them with a child's own.
     """
 
     model: Any
@@ -68,6 +70,7 @@ class CallEngine:
     window: int
     max_tokens: Optional[int]
     seed: Optional[int] = None
+    stop_token_ids: tuple[int, ...] = ()
     # Every call, its prompt and budget.
     calls: list[tuple[list[int], int]] = field(default_factory=list,
                                                init=False)
@@ -91,9 +94,17 @@ class CallEngine:
         Returns:
             The root's output.
         """
-        params = RequestParams(len(prompt), self.max_tokens, seed=self.seed)
-        self.start(ROOT, list(prompt), self.max_tokens)
+        self.prompt = list(prompt)
         eos = self.tokenizer.eos_token_id
+        params = RequestParams(len(prompt),
+                               self.max_tokens,
+                               seed=self.seed,
+                               stop_token_ids=self.stop_token_ids,
+                               eos_token_id=eos)
+        self.start(ROOT, list(prompt), self.max_tokens)
+        if self.coordinator.trees_start_at_arrival:
+            self.carry_out(self.coordinator.arrived(ROOT, list(prompt),
+                                                    params))
         while any(not m.parked for m in self.members.values()):
             for member_id in list(self.members):
                 member = self.members.get(member_id)
@@ -138,7 +149,7 @@ class CallEngine:
         budget = left if budget is None else min(budget, left)
         self.calls.append((list(prompt), budget))
         self.members[member_id] = Call(list(prompt), len(prompt), budget,
-                                       stop_ids)
+                                       (*stop_ids, *self.stop_token_ids))
 
     def carry_out(self, actions: list[Action]) -> None:
         """Checks each action against the engine's state and carries it

@@ -469,27 +469,36 @@ class ThreadModel:
         return script_ids[len(done_ids)]
 
 
-def assert_threads_as_the_controller(
-        prompt_text: str, model: ThreadModel, room: int, budget: Optional[int],
-        seed: Optional[int]) -> Optional[tw.Rollout]:
+def assert_threads_as_the_controller(prompt_text: str,
+                                     model: ThreadModel,
+                                     room: int,
+                                     budget: Optional[int],
+                                     seed: Optional[int],
+                                     stops: str = "") -> Optional[tw.Rollout]:
     """The controller's answer and the engine's, token for token, with a
-    window ``room`` tokens past the prompt; where the controller has no
-    answer (a thread with no room left: its server refuses the call), the
-    engine's stays within the window and the budget. Returns the
-    controller's answer, None where it has none."""
+    window ``room`` tokens past the prompt and the request's own stop ids
+    ``stops`` (one character each); where the controller has no answer (a
+    thread with no room left: its server refuses the call), the engine's
+    stays within the window and the budget. Returns the controller's
+    answer, None where it has none."""
     prompt = TW_TOKENIZER.encode(prompt_text)
     window = len(prompt) + room
+    stop_ids = tuple(TW_TOKENIZER.encode(stops))
     controller = tw.ThreadWeaverController(TW_TOKENIZER,
                                            response_length=budget)
     try:
         [[expected]
          ] = tw.run(controller,
                     ScriptedBackend(model.next_token, TW_EOS, window),
-                    [prompt])
+                    [prompt], {
+                        "temperature": 0.0,
+                        "stop_token_ids": list(stop_ids)
+                    } if stop_ids else None)
     except ValueError as error:
         assert "leaves no room" in str(error)
         expected = None
-    engine = tw_test.ThreadEngine(model, window, budget, TW_LIMITS, seed)
+    engine = tw_test.ThreadEngine(model, window, budget, TW_LIMITS, seed,
+                                  stop_ids)
     got = engine.run(prompt)
     if expected is None:
         assert len(prompt) + len(got) <= window
@@ -514,15 +523,16 @@ def assert_threads_as_the_controller(
        other=mutated(" x</Thread>", TW_FRAGMENTS, TW_SWAPS),
        room=st.integers(1, 240),
        budget=st.none() | st.integers(1, 150),
-       seed=st.sampled_from([None, 7]))
+       seed=st.sampled_from([None, 7]),
+       stops=st.sampled_from(["", ":", "=\n", "A"]))
 def test_threadweaver_fuzzed_answers_are_the_controllers(
-        prompt, root, first, second, other, room, budget, seed):
+        prompt, root, first, second, other, room, budget, seed, stops):
     model = ThreadModel(len(TW_TOKENIZER.encode(prompt)), root, {
         "1": first,
         "2": second
     }, other)
     expected = assert_threads_as_the_controller(prompt, model, room, budget,
-                                                seed)
+                                                seed, stops)
     event("ThreadWeaver: a thread with no room" if expected is None else
           f"ThreadWeaver: {len(expected.forks)} forks, {expected.ended}")
 

@@ -97,7 +97,7 @@ def test_a_bad_configuration_is_refused_with_its_reason(given, reason):
 
 
 @pytest.mark.parametrize("name, missing", [
-    ("threadweaver", "branch_stops, conclude, restart"),
+    ("threadweaver", "arrivals, branch_stops, conclude, restart"),
     ("apr", "arrivals, fresh_children, held_output, restart"),
 ])
 def test_a_format_an_engine_cannot_carry_out_is_refused_at_start(

@@ -57,6 +57,7 @@ class ThreadEngine(CallEngine):
         max_tokens: The request's budget.
         limits: More `SpecialKwargs` fields.
         seed: The request's seed.
+        stop_token_ids: The request's own stop ids.
     """
 
     def __init__(self,
@@ -64,19 +65,21 @@ class ThreadEngine(CallEngine):
                  max_model_len: int,
                  max_tokens: Optional[int],
                  limits: dict,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None,
+                 stop_token_ids: tuple[int, ...] = ()):
         super().__init__(model, TOKENIZER,
                          SpecialKwargs(format="threadweaver", **limits),
-                         max_model_len, max_tokens, seed)
+                         max_model_len, max_tokens, seed, stop_token_ids)
 
     def carry_out(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Fork):
                 assert action.max_tokens is None
             elif isinstance(action, Restart):
+                # The root's whole context so far, then the join it shows.
                 shown = len(action.shown_token_ids)
                 assert action.prompt_token_ids[:-shown or None] == tuple(
-                    self.members[action.member_id].tokens)
+                    self.prompt + self.output)
             super().carry_out([action])
 
 
@@ -267,20 +270,53 @@ def test_a_fork_with_no_room_for_a_thread_decodes_on_to_the_window(seed):
     assert report.tree.finish_reason == "length"
 
 
-def test_a_requests_own_stop_makes_the_controller_call_again():
-    """The controller merges the request's stop ids into its calls'; a
-    call that ends at one (neither EOS nor length) is followed by another
-    sequential call from the whole context, where the engine ends the
-    answer (docs/formats.md: a difference of the engine's)."""
+@pytest.mark.parametrize("stop,seed,max_steps,budget", [
+    ("A", None, 32, None),
+    (":", None, 32, None),
+    (":", 7, 32, None),
+    ("=", None, 32, None),
+    (":", None, 3, None),
+    (":", None, 32, 40),
+])
+def test_a_requests_own_stop_makes_the_next_call_as_the_controller(
+        stop, seed, max_steps, budget):
+    """The controller merges the request's stop ids into its calls'. A
+    sequential call that ends at one (neither EOS nor length) is followed
+    by another from the whole context, counted as a step; a thread that
+    ends at one gets its closure. The engine makes the same calls, so the
+    same answer: "A" after the join, ":" in the outlines before the fork
+    (seeded or not, up to the step limit or the budget), "=" in a
+    thread."""
     model = CASES["several outlines"]
-    stop = TOKENIZER.encode("A")[0]
-    backend = ScriptedBackend(model.next_token, EOS, 120)
-    plain = tw.run(tw.ThreadWeaverController(TOKENIZER), backend,
-                   [PROMPT])[0][0]
-    stopped = tw.run(tw.ThreadWeaverController(TOKENIZER), backend, [PROMPT], {
-        "temperature": 0.0,
-        "stop_token_ids": [stop]
-    })[0][0]
-    # "A" after the join: one more call, the same answer.
-    assert stopped.token_ids == plain.token_ids
-    assert stopped.calls == plain.calls + 1
+    stop_id = TOKENIZER.encode(stop)[0]
+    window = 200
+    backend = ScriptedBackend(model.next_token, EOS, window)
+
+    def both(stop_ids: tuple[int, ...]) -> tuple[tw.Rollout, ThreadEngine]:
+        controller = tw.ThreadWeaverController(TOKENIZER,
+                                               max_iterations=max_steps,
+                                               response_length=budget)
+        expected = tw.run(controller, backend, [PROMPT], {
+            "temperature": 0.0,
+            "seed": seed,
+            "stop_token_ids": list(stop_ids)
+        })[0][0]
+        engine = ThreadEngine(model, window, budget, {}, seed, stop_ids)
+        policy = engine.coordinator.policy
+        policy.format = dataclasses.replace(policy.format, max_steps=max_steps)
+        assert engine.run(PROMPT) == expected.token_ids
+        return expected, engine
+
+    def restarts(engine: ThreadEngine) -> int:
+        return sum(isinstance(a, Restart) for a in engine.actions)
+
+    plain, plain_engine = both(())
+    expected, engine = both((stop_id, ))
+    # The stop changed the controller's calls or its answer.
+    assert (expected.calls, expected.token_ids) != (plain.calls,
+                                                    plain.token_ids)
+    if max_steps == 32 and budget is None:
+        # No limit cut it: each more call of the controller's is one the
+        # engine makes anew.
+        assert restarts(engine) - restarts(plain_engine) == (expected.calls -
+                                                             plain.calls)

@@ -89,7 +89,7 @@ def test_conflicting_options_are_refused(tiny_model_path, hooks, options,
 
 
 @pytest.mark.parametrize("name, missing", [
-    ("threadweaver", "branch_stops .*; conclude .*; restart "),
+    ("threadweaver", "arrivals .*; branch_stops .*; conclude .*; restart "),
     ("apr", "arrivals .*; fresh_children .*; held_output .*; restart "),
     ("npr", "conclude .*; splice "),
     ("multiverse", "conclude .*; splice "),

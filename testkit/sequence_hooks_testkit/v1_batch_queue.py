@@ -15,7 +15,7 @@ scripted sampler that picks each token from its request's own position.
 
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -118,17 +118,22 @@ def make_request(scheduler,
                  max_tokens: int,
                  eos: int,
                  priority: int = 0,
+                 stop_token_ids: Sequence[int] = (),
                  **params: Any) -> Request:
     """A request as the engine core makes one (block hashes for prefix
-    caching included); ``params``: more `SamplingParams`."""
+    caching included, ``eos`` its EOS as the frontend sets it);
+    ``stop_token_ids``: its own, besides ``eos``; ``params``: more
+    `SamplingParams`."""
     hash_fn = get_hash_fn_by_name(
         scheduler.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
+    sampling_params = SamplingParams(max_tokens=max_tokens,
+                                     stop_token_ids=[eos, *stop_token_ids],
+                                     **params)
+    sampling_params.update_from_generation_config({}, eos)
     return Request(request_id=request_id,
                    prompt_token_ids=list(prompt),
-                   sampling_params=SamplingParams(max_tokens=max_tokens,
-                                                  stop_token_ids=[eos],
-                                                  **params),
+                   sampling_params=sampling_params,
                    pooling_params=None,
                    priority=priority,
                    block_hasher=get_request_block_hasher(
@@ -264,6 +269,42 @@ class BatchQueueDriver:
                 tree = (out.kv_transfer_params or {}).get("promise_tree")
                 if tree is not None:
                     self.trees[out.request_id] = tree
+
+
+def own_tokens(scheduler, request_id: str) -> int:
+    """The tokens the scheduler's request ``request_id`` has sampled (-1
+    if it holds no such request)."""
+    request = scheduler.requests.get(request_id)
+    return -1 if request is None else request.num_output_tokens
+
+
+def fork_stages(before: str, member: str,
+                first_end: int) -> dict[str, Callable[[Any], bool]]:
+    """The points before its join where a tree that forks in two is
+    aborted in the abort tests, by what the scheduler holds after a step:
+    the root "r0" writing, both members running, the first ended and the
+    second ("r0/promise-1", the longer) running on.
+
+    Args:
+        before: What the root writes before it forks, as the first
+            stage's name says it ("before the fork").
+        member: What the format calls a member ("path": "paths running",
+            "one path ended").
+        first_end: The first member's own tokens at its end.
+
+    Returns:
+        ``reached(scheduler)`` by stage name, in the order they are
+        reached, for `BatchQueueDriver.run_until`.
+    """
+    return {
+        f"before {before}":
+        lambda s: own_tokens(s, "r0") >= 3,
+        f"{member}s running":
+        lambda s: own_tokens(s, "r0/promise-1") >= 2,
+        f"one {member} ended":
+        lambda s: "r0/promise-0" not in s.requests and own_tokens(
+            s, "r0/promise-1") > first_end,
+    }
 
 
 def run_greedy(scheduler, next_token: Callable[[list[int]], int],

@@ -9,7 +9,9 @@ each thread as the controller's branch.
 Cases: the toy's held-out prompts with no budget (each call's budget the
 window left, as the reference's server gives it), with a response budget
 (the controller's ``response_length``, the request's ``max_tokens``
-in-engine) and sampled, seeded, two samples a prompt; each offline
+in-engine), sampled, seeded, two samples a prompt, and with stop ids of
+the request's own (each call that ends at one is followed by the
+controller's next); each offline
 (`LLM(..., special_kwargs=)`) and over the OpenAI API (`vllm serve
 --special-kwargs`), completions and chat, whole and streamed. The tree
 of every sample: its threads as the controller's branches, where each
@@ -52,6 +54,16 @@ CASES = {
         "temperature": 1.0,
         "seed": 1234,
         "n": 2
+    }, None),
+    # The request's own stop ids, which the controller merges into every
+    # call's: ":" ends the root's calls in its outlines (each followed by
+    # another call), "*" the threads (each closed by the join) and the
+    # calls after a join.
+    "own stop ids": ({}, {
+        "temperature":
+        0.0,
+        "stop_token_ids":
+        TOKENIZER.encode(":*", add_special_tokens=False)
     }, None),
 }
 # How far a logprob in the tree may be from the controller's call's: the

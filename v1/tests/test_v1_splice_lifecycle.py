@@ -28,8 +28,8 @@ from vllm_sequence_hooks.splice_step import STEP_ATTRIBUTE, deltas
 from sequence_hooks_testkit.formats.splice_toy import (PAD, TOYS, Node,
                                                        SpliceToy, scripted)
 from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
-                                                   make_request,
-                                                   make_scheduler)
+                                                   fork_stages, make_request,
+                                                   make_scheduler, own_tokens)
 
 FORMATS = sorted(TOYS)
 ASYNC = pytest.mark.parametrize("async_scheduling", [False, True],
@@ -482,11 +482,6 @@ def test_each_sample_of_an_n_2_request_answers_with_its_tree(
     assert_clean(run.scheduler)
 
 
-def own_tokens(scheduler, request_id: str) -> int:
-    request = scheduler.requests.get(request_id)
-    return -1 if request is None else request.num_output_tokens
-
-
 def after_join(scheduler, request_id: str) -> int:
     """Tokens a member has after its join's closing tag, which no prompt
     holds (-1 before the join; 0 while the closing tokens are not
@@ -509,13 +504,7 @@ OX_PATH = len(TOYS["npr"].ids(spelled(TOYS["npr"], "ox"))) + 2
 # Where the answer is aborted, by what the scheduler holds after a step.
 # Path 1 ("banana") runs on after path 0 ("ox").
 STAGES = {
-    "before the fork":
-    lambda s: own_tokens(s, "r0") >= 3,
-    "paths running":
-    lambda s: own_tokens(s, "r0/promise-1") >= 2,
-    "one path ended":
-    lambda s: "r0/promise-0" not in s.requests and own_tokens(
-        s, "r0/promise-1") > OX_PATH,
+    **fork_stages("the fork", "path", OX_PATH),
     "right after the join":
     lambda s: after_join(s, "r0") == 0,
     "after the join":

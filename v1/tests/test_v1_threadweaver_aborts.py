@@ -22,7 +22,7 @@ from sequence_hooks_testkit.formats.threadweaver_toy import (CLOSE_THREAD, EOS,
                                                              OPEN_THREAD,
                                                              PROMPT, TOKENIZER)
 from sequence_hooks_testkit.v1_batch_queue import (BatchQueueDriver,
-                                                   make_request,
+                                                   fork_stages, make_request,
                                                    make_scheduler)
 
 ROOT = ("<Think>1<Parallel>\n<Outlines>\n<Outline>1: a</Outline>\n"
@@ -130,11 +130,6 @@ def threads(tree: dict) -> list:
     return [(c["label"], c["token_ids"]) for c in tree["children"]]
 
 
-def own_tokens(scheduler, request_id: str) -> int:
-    request = scheduler.requests.get(request_id)
-    return -1 if request is None else request.num_output_tokens
-
-
 def after_join(scheduler) -> int:
     """Tokens the root sampled after the join (-1 before it)."""
     request = scheduler.requests.get("r0")
@@ -148,13 +143,8 @@ def after_join(scheduler) -> int:
 # (A seeded root's call after the join never waits for a step in flight:
 # the root was parked, so none is.)
 STAGES = {
-    "before the outlines":
-    lambda s: own_tokens(s, "r0") >= 3,
-    "threads running":
-    lambda s: own_tokens(s, "r0/promise-1") >= 2,
-    "one thread ended":
-    lambda s: "r0/promise-0" not in s.requests and own_tokens(
-        s, "r0/promise-1") > len(ids(THREADS[0])) + 1,
+    **fork_stages("the outlines", "thread",
+                  len(ids(THREADS[0])) + 1),
     "after the join":
     lambda s: after_join(s) >= 2,
 }
@@ -241,3 +231,42 @@ def test_a_call_made_anew_at_the_first_outlines_waits_for_its_step():
     sync, overlapped = drivers
     assert overlapped.outputs == sync.outputs and overlapped.overlapped > 0
     assert [t for _, new, _ in sync.outputs for t in new] == ids(NO_LABEL)
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["unseeded", "seeded"])
+def test_a_call_ended_at_a_stop_id_of_the_requests_goes_on_as_a_new_call(
+        seeded):
+    """The request's own stop id ``:`` ends the root's call twice in its
+    outlines: each time the next call is a new request under its id (the
+    controller's next call), which with async scheduling waits for the
+    step in flight; the answer is the one without the stop, the stop ids
+    among its tokens, and nothing is left."""
+    colon = TOKENIZER.convert_tokens_to_ids(":")
+    plain, _, plain_added = alone(False, seeded)
+    runs = []
+    for async_scheduling in (False, True):
+        scheduler, driver = answers(async_scheduling)
+        added, add = [], scheduler.add_request
+        scheduler.add_request = lambda r, add=add, added=added: add(
+            r) or added.append(r.request_id)
+        driver.add(
+            make_request(scheduler,
+                         "r0",
+                         PROMPT,
+                         200,
+                         EOS,
+                         stop_token_ids=[colon],
+                         **({
+                             "seed": 7
+                         } if seeded else {})))
+        driver.run()
+        assert_clean(scheduler)
+        token_ids = [t for _, new, _ in driver.outputs for t in new]
+        assert token_ids == [t for _, new, _ in plain for t in new]
+        # The outlines' two labels: two more calls than without.
+        assert added.count("r0") == plain_added.count("r0") + 2
+        assert [c["label"]
+                for c in driver.trees["r0"]["children"]] == ["1", "2"]
+        runs.append(driver)
+    sync, overlapped = runs
+    assert overlapped.outputs == sync.outputs and overlapped.overlapped > 0

@@ -96,9 +96,12 @@ CONCLUSION_CASES = {
 }
 
 
-def in_engine(model: scripts.ScriptedModel,
-              max_tokens: int,
-              special_kwargs: Optional[dict] = None) -> BatchQueueDriver:
+def in_engine(
+    model: scripts.ScriptedModel,
+    max_tokens: int,
+    special_kwargs: Optional[dict] = None,
+    stop_token_ids: tuple[int, ...] = ()
+) -> BatchQueueDriver:
     """The answer served by the plugin's scheduler: its driver, run."""
     scheduler = make_scheduler(SequenceHookScheduler,
                                MODEL,
@@ -108,8 +111,14 @@ def in_engine(model: scripts.ScriptedModel,
                                    **(special_kwargs or {})
                                },
                                max_model_len=WINDOW)
-    return run_greedy(scheduler, model.next_token,
-                      make_request(scheduler, "r0", PROMPT, max_tokens, EOS))
+    return run_greedy(
+        scheduler, model.next_token,
+        make_request(scheduler,
+                     "r0",
+                     PROMPT,
+                     max_tokens,
+                     EOS,
+                     stop_token_ids=stop_token_ids))
 
 
 @pytest.mark.parametrize("budget", [None, 60], ids=["window", "budget 60"])
@@ -179,6 +188,41 @@ def assert_as_controller(model: scripts.ScriptedModel,
                   end - fork.position)) for fork in expected.forks]
     assert [tuple(s) for s in tree["merged_spans"]] == spans
     return expected
+
+
+@pytest.mark.parametrize("stops", [":", "6", "4", ":64"])
+@pytest.mark.parametrize("budget", [None, 60], ids=["window", "budget 60"])
+def test_a_requests_own_stop_ids_make_the_controllers_next_call(stops, budget):
+    """The controller merges the request's stop ids into each call's: a
+    sequential call that ends at one is followed by another from the
+    whole context, a thread that ends at one is closed by the join. The
+    plugin's answer is the controller's, the stops among its tokens (":"
+    in the outlines, "6" in the threads, "4" in a thread and after the
+    join), and the tree's threads are its branches."""
+    model = CASES["several outlines"]
+    stop_ids = tuple(TOKENIZER.encode(stops, add_special_tokens=False))
+    controller = tw.ThreadWeaverController(TOKENIZER, response_length=budget)
+    backend = ScriptedBackend(model.next_token, EOS, WINDOW)
+    [[plain]] = tw.run(controller, backend, [PROMPT])
+    [[expected]] = tw.run(controller, backend, [PROMPT], {
+        "temperature": 0.0,
+        "stop_token_ids": list(stop_ids)
+    })
+    assert (expected.calls, expected.token_ids) != (plain.calls,
+                                                    plain.token_ids)
+    driver = in_engine(model,
+                       budget or WINDOW - len(PROMPT),
+                       stop_token_ids=stop_ids)
+    got = [t for request_id, new, _ in driver.outputs for t in new]
+    assert {request_id for request_id, _, _ in driver.outputs} == {"r0"}
+    assert got == expected.token_ids
+    assert any(t in stop_ids for t in got)
+    # The root is a tree from its arrival: its calls' ends are reported.
+    tree = driver.trees["r0"]
+    branches = [b for fork in expected.forks for b in fork.branches]
+    assert [(c["label"], c["token_ids"], c["finish_reason"])
+            for c in tree["children"]
+            ] == [(b.label, b.token_ids, b.finish_reason) for b in branches]
 
 
 def test_the_cases_write_what_they_are_named_for():

@@ -11,6 +11,7 @@ the end in the step (`step.End`), which the hooks report: carrying out an
 action never feeds the coordinator an event.
 """
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from vllm_sequence_hooks.member_logprobs import MemberLogprobs
@@ -44,6 +45,7 @@ _CARRIERS = {
 }
 
 
+@dataclass
 class ActionCarrier:
     """Carries out the coordinator's actions on one V1 scheduler's requests.
 
@@ -62,20 +64,15 @@ class ActionCarrier:
         splicing: The splice joins' mechanics, if the format splices.
     """
 
-    def __init__(self, scheduler: Any, members: Members, parking: KvParking,
-                 coordinator: Coordinator, tokenizer: Any,
-                 end_requests: Callable[[Any, RequestStatus],
-                                        Any], critical_path_first: bool,
-                 restarts: bool, splicing: Optional[Splicing]) -> None:
-        self.scheduler = scheduler
-        self.members = members
-        self.parking = parking
-        self.coordinator = coordinator
-        self.tokenizer = tokenizer
-        self.end_requests = end_requests
-        self.critical_path_first = critical_path_first
-        self.restarts = restarts
-        self.splicing = splicing
+    scheduler: Any
+    members: Members
+    parking: KvParking
+    coordinator: Coordinator
+    tokenizer: Any
+    end_requests: Callable[[Any, RequestStatus], Any]
+    critical_path_first: bool
+    restarts: bool
+    splicing: Optional[Splicing]
 
     def carry_out(self, actions: list[Action], step: Step) -> None:
         """Carries out actions, in order.
@@ -190,6 +187,11 @@ class ActionCarrier:
         started once no step of the old call is in flight."""
         member_id = action.member_id
         old = self.scheduler.requests.get(member_id)
+        out = step.outputs.get(member_id)
+        if out is not None and out.finish_reason is not None:
+            # The call upstream finished is not the answer's end: a
+            # streaming root's output goes on with the new call.
+            out.finish_reason = out.stop_reason = None
         if action.shown_token_ids and old is not None:
             append_merged_tokens(step.output_of(old), old,
                                  list(action.shown_token_ids),

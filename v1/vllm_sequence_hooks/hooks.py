@@ -40,6 +40,12 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus
 
 
+def params_of(request: Request) -> RequestParams:
+    """What the lifecycle reads of a V1 request."""
+    return RequestParams.of(request.num_prompt_tokens, request.max_tokens,
+                            request.sampling_params)
+
+
 class SequenceHooks:
     """Runs promise/sync trees on one V1 scheduler, and keeps what the
     engine holds for them.
@@ -223,10 +229,8 @@ class SequenceHooks:
         request = self.scheduler.requests[request_id]
         step = Step()
         self.carrier.carry_out(
-            self.coordinator.arrived(
-                request_id, request.prompt_token_ids,
-                RequestParams.of(request.num_prompt_tokens, request.max_tokens,
-                                 request.sampling_params)), step)
+            self.coordinator.arrived(request_id, request.prompt_token_ids,
+                                     params_of(request)), step)
         self._settle(step)
 
     def prefix_hit(self, request: Request, *args) -> Optional[tuple]:
@@ -342,10 +346,8 @@ class SequenceHooks:
                 self.end_requests(request_id, RequestStatus.FINISHED_STOPPED)
                 step.ends.append(End(request, "stop", check.output_text))
                 return
-        params = request.sampling_params
         actions = self.coordinator.sampled(
-            request_id, request.all_token_ids, lambda: RequestParams.of(
-                request.num_prompt_tokens, request.max_tokens, params),
+            request_id, request.all_token_ids, lambda: params_of(request),
             None if record is None or record.logprobs is None else
             record.logprobs.entries)
         if actions:
