@@ -233,15 +233,18 @@ class Splice:
 
 @dataclass(frozen=True)
 class Conclude:
-    """Append tokens to a member's output and end it there, finish reason
-    "stop", computing none of them (a format's last join); the engine then
-    reports its finish."""
+    """Append tokens to a member's output and end it there, computing
+    none of them (a format's last join); the engine then reports its
+    finish."""
 
     member_id: str
     # The tokens, already cut to the member's budget.
     token_ids: tuple[int, ...]
     # The logprob each gets where logprobs are reported.
     token_logprob: float
+    # "stop", or "length" where the budget or the model's length ended
+    # the member (its tokens cut there).
+    finish_reason: str = "stop"
 
 
 @dataclass(frozen=True)

@@ -275,15 +275,21 @@ class ForkJoinPolicy(TriggerPolicy):
         token_ids = joined.token_ids
         budget = member.tree.params.max_tokens
         used = length - member.start
-        final = (joined.final or self._steps[root_id] > self.format.max_steps
-                 or length + len(token_ids) >= coordinator.max_model_len
-                 or budget is not None and used + len(token_ids) >= budget)
+        # The join reaches the model's length or the budget: the answer
+        # ends there, as a "length" finish.
+        reached = (length + len(token_ids) >= coordinator.max_model_len
+                   or budget is not None and used + len(token_ids) >= budget)
+        final = (joined.final or reached
+                 or self._steps[root_id] > self.format.max_steps)
         if budget is not None:
             token_ids = token_ids[:max(budget - used, 0)]
         coordinator.record_merged(member, used, len(token_ids))
         context = self._contexts.pop(root_id)
         if final:
-            return [Conclude(root_id, token_ids, MERGED_TOKEN_LOGPROB)]
+            return [
+                Conclude(root_id, token_ids, MERGED_TOKEN_LOGPROB,
+                         "length" if reached else "stop")
+            ]
         return self._next_call(member, context, token_ids)
 
     def _next_call(self, member: Member, context: tuple[int, ...],

@@ -251,7 +251,9 @@ class SplicePolicy(TriggerPolicy):
 
     def finished(self, member_id: str, reason: str,
                  result: MemberResult) -> list[Action]:
-        """A path's end drops the token it sampled after its newline."""
+        """A path's end after its newline drops the token it sampled
+        there: it closed, whatever ended it at that token (as the
+        published engines ignore an EOS there)."""
         if member_id in self._closing:
             self._closing.discard(member_id)
             logprobs = (None
@@ -260,6 +262,7 @@ class SplicePolicy(TriggerPolicy):
                              token_ids=result.token_ids[:-1],
                              text=None,
                              logprobs=logprobs)
+            reason = "stop"
         return self.coordinator.end(member_id, reason, result)
 
     def children_done(self, member: Member, length: int) -> list[Action]:
@@ -300,16 +303,22 @@ class SplicePolicy(TriggerPolicy):
                            MERGED_TOKEN_LOGPROB)
                 ]
         # As one decoding of the paths in turn would end: with the first
-        # path that did not close.
+        # path that did not close (all closed: the closing tokens after
+        # them, where only the budget or the model's length ends it).
         joined = self._joined(children)
+        if closed:
+            joined += fmt.encode(fmt.after)
         # Sequential decoding would have stopped at the budget or the
         # model's length.
         room = coordinator.max_model_len - length
         if budget is not None:
             room = min(room, budget - used)
+        reason = "length" if len(joined) >= room else "stop"
         joined = joined[:max(room, 0)]
         coordinator.record_merged(member, used, len(joined))
-        return [Conclude(member_id, tuple(joined), MERGED_TOKEN_LOGPROB)]
+        return [
+            Conclude(member_id, tuple(joined), MERGED_TOKEN_LOGPROB, reason)
+        ]
 
     def _joined(self, children: list[LiveNode]) -> list[int]:
         """The paths' text as one decoding of them in turn gives it: the

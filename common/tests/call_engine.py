@@ -181,7 +181,7 @@ class CallEngine:
                 member = self.members[action.member_id]
                 member.tokens += action.token_ids
                 self.output += action.token_ids
-                member.parked, member.stopped = False, "stop"
+                member.parked, member.stopped = False, action.finish_reason
             else:
                 assert isinstance(action, (StartTree, ReportTree)), action
 

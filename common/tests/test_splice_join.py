@@ -143,7 +143,8 @@ def test_a_path_that_does_not_close_ends_the_answer_with_the_text():
 
 def test_the_paths_text_is_cut_at_the_models_length():
     """A path that ran to its window ends the answer with the paths' text
-    up to the model's length, where decoding them in turn would stop."""
+    up to the model's length, where decoding them in turn would stop: a
+    "length" finish."""
     context = PROMPT + GUIDELINE
     hooks = Coordinator.for_format(SpecialKwargs(format="npr"),
                                    len(context) + 12,
@@ -156,7 +157,32 @@ def test_the_paths_text_is_cut_at_the_models_length():
                    MemberResult(ids("x" * 20), None))
     (conclude, ) = hooks.finished(forks[1].request_id, "length",
                                   MemberResult(ids("y" * 20), None))
-    assert conclude == Conclude("r", tuple(ids("\n<step>\n1:xxxxxxx")), 0.0)
+    assert conclude == Conclude("r", tuple(ids("\n<step>\n1:xxxxxxx")), 0.0,
+                                "length")
+
+
+@pytest.mark.parametrize("reason", ["stop", "length"])
+def test_a_path_ended_after_its_newline_is_closed_whatever_ended_it(reason):
+    """The token a path samples after its newline is dropped, and the
+    path is closed, whether the format's `Conclude` ended it there or the
+    engine did (an EOS, a stop id or string, its length): the join
+    splices it, as the published engines ignore an EOS there."""
+    hooks = coordinator()
+    context = PROMPT + GUIDELINE
+    forks = [
+        a for a in hooks.sampled("r", context, params) if isinstance(a, Fork)
+    ]
+    actions = []
+    for fork, text in zip(forks, ("x", "yy")):
+        path = context + list(fork.context_tokens) + ids(text + "</step>")
+        hooks.sampled(fork.request_id, path, params)
+        actions = hooks.finished(
+            fork.request_id, reason,
+            MemberResult(
+                ids(text + "</step>\n") + [TOKENIZER.eos_token_id], None))
+    (splice, ) = actions
+    assert isinstance(splice, Splice)
+    assert [p.member_id for p in splice.paths] == [f.request_id for f in forks]
 
 
 def test_npr_paths_do_not_fork_multiverse_paths_do():

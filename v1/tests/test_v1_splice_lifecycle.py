@@ -381,20 +381,53 @@ ENDINGS = ["first path's EOS", "last path's EOS", "a path's window"]
 def test_a_path_that_ends_otherwise_ends_the_answer(fmt, async_scheduling,
                                                     how):
     """The answer ends with the paths' text up to and including the path
-    that did not close, as decoding them in turn would; finish "stop"
-    (`Conclude`); nothing held (the closed paths' kept blocks freed)."""
+    that did not close, as decoding them in turn would (`Conclude`):
+    finish "stop" at a path's EOS, "length" where the window cut it;
+    nothing held (the closed paths' kept blocks freed)."""
     toy = TOYS[fmt]
     nodes, text, config = ending(toy, how)
     run = start(fmt, async_scheduling, nodes, **config)
     run.add("r0")
     run.finish()
     assert toy.tokenizer.decode(run.answer("r0")) == text
-    assert run.driver.outputs[-1][2] == "stop"
     if how == "a path's window":
+        assert run.driver.outputs[-1][2] == "length"
         reasons = [
             c["finish_reason"] for c in run.driver.trees["r0"]["children"]
         ]
         assert reasons == ["stop", "length"]
+    else:
+        assert run.driver.outputs[-1][2] == "stop"
+    assert_clean(run.scheduler)
+
+
+@pytest.mark.parametrize("how", ["EOS", "a stop id", "a stop string"])
+@ASYNC
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_path_ended_at_the_token_after_its_newline_is_joined(
+        fmt, async_scheduling, how):
+    """Whatever ends a path at the token it samples after its newline
+    (an EOS, or the request's stop id or stop string there: upstream or
+    the plugin ends it, not the format), the path closed: its blocks are
+    kept, the join splices it, and the answer is the one alone."""
+    toy = TOYS[fmt]
+    nodes = dict(block(toy, WORDS[:2]).nodes)
+    params = {}
+    if how == "EOS":
+        nodes.update((label, Node(node.before[:-1] + [toy.eos], []))
+                     for label, node in nodes.items() if label)
+    elif how == "a stop id":
+        params["stop_token_ids"] = toy.ids(PAD)
+    else:
+        params["stop"] = [PAD]
+    run = start(fmt, async_scheduling, nodes)
+    run.add("r0", **params)
+    run.finish()
+    outputs, tree = alone(fmt, async_scheduling)
+    assert run.answer("r0") == [t for r, new, _ in outputs for t in new]
+    assert children(run.driver.trees["r0"]) == children(tree)
+    # Spliced: no path was computed again.
+    assert any(step is not None and step.token_copies for _, step in run.steps)
     assert_clean(run.scheduler)
 
 
@@ -402,20 +435,23 @@ def test_a_path_that_ends_otherwise_ends_the_answer(fmt, async_scheduling,
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_join_past_the_requests_budget_ends_the_answer_there(
         fmt, async_scheduling):
-    """The paths closed, but the splice would pass the request's
-    `max_tokens`: the answer is the paths' text cut to the budget, not
-    computed, finish "stop" (`Conclude`)."""
+    """The paths closed, but the splice would reach the request's
+    `max_tokens`: the answer is the paths' text and the closing tokens
+    cut to the budget, not computed, finish "length" (`Conclude`); a
+    budget that the closing tokens fill exactly holds all of them."""
     toy = TOYS[fmt]
     answer = block(toy, WORDS[:2])
     goal = answer.nodes[""].before
-    budget = len(goal) + 10
-    run = start(fmt, async_scheduling, answer.nodes)
-    run.add("r0", max_tokens=budget)
-    run.finish()
-    shown = toy.ids(toy.tokenizer.decode(goal) + joined(toy, answer.paths))
-    assert run.answer("r0") == shown[:budget]
-    assert run.driver.outputs[-1][2] == "stop"
-    assert_clean(run.scheduler)
+    shown = toy.ids(
+        toy.tokenizer.decode(goal) + joined(toy, answer.paths) +
+        f"{toy.after_open}\n")
+    for budget in (len(goal) + 10, len(shown)):
+        run = start(fmt, async_scheduling, answer.nodes)
+        run.add("r0", max_tokens=budget)
+        run.finish()
+        assert run.answer("r0") == shown[:budget]
+        assert run.driver.outputs[-1][2] == "length"
+        assert_clean(run.scheduler)
 
 
 @ASYNC

@@ -21,7 +21,7 @@ from vllm_sequence_hooks.restarts import (child_params, give_held_output,
                                           member_request, new_call)
 from vllm_sequence_hooks.splicing import Splicing
 from vllm_sequence_hooks.step import End, Step
-from vllm_sequence_hooks.stop_strings import StopStringCheck
+from vllm_sequence_hooks.stop_strings import StopStringCheck, cut_at_stop
 from vllm_sequence_hooks.transport import append_merged_tokens, attach_tree
 
 from sequence_hooks.actions import (Abort, Action, Conclude, Fork, Park,
@@ -165,22 +165,44 @@ class ActionCarrier:
 
     def _conclude(self, action: Conclude, step: Step) -> None:
         """Ends a format's member after its last join: the tokens go to
-        its output, uncomputed, and it finishes "stop" (a root with its
-        tree; a path that splices keeps its blocks for its join)."""
+        its output, uncomputed, and it finishes with the action's reason
+        (a root with its tree; a path that splices keeps its blocks for
+        its join). A root's stop string among the tokens ends it there,
+        as the frontend cuts its output."""
         member_id, token_ids = action.member_id, list(action.token_ids)
         request = self.scheduler.requests[member_id]
-        if self.splicing is not None and self.coordinator.is_child(member_id):
+        is_child = self.coordinator.is_child(member_id)
+        if self.splicing is not None and is_child:
             self.splicing.retain(request, self.coordinator.root_of(member_id))
         start = self.coordinator.own_start(member_id)
         own = [*request.all_token_ids[start:], *token_ids]
         out = step.output_of(request)
+        check = None
+        if not is_child and request.sampling_params.stop:
+            record = self.members.record(member_id)
+            if record.stop is None:
+                record.stop = StopStringCheck(self.tokenizer, request, start,
+                                              len(out.new_token_ids))
+            check = record.stop
         append_merged_tokens(out, request, token_ids, action.token_logprob)
-        out.finish_reason = FinishReason.STOP
-        self.end_requests(member_id, RequestStatus.FINISHED_STOPPED)
+        found = None if check is None else check.feed(out.new_token_ids)
+        reason = action.finish_reason
+        if found is not None:
+            cut_at_stop(out, check.num_kept)
+            own, reason = list(found.output_token_ids), "stop"
+        if reason == "length":
+            out.finish_reason = FinishReason.LENGTH
+            self.end_requests(member_id, RequestStatus.FINISHED_LENGTH_CAPPED)
+        else:
+            # A stop string the frontend finds again and reports (as
+            # `SequenceHooks._check_stop_string` leaves it to).
+            out.finish_reason = (FinishReason.STOP
+                                 if found is None else FinishReason.ABORT)
+            self.end_requests(member_id, RequestStatus.FINISHED_STOPPED)
         skip = request.sampling_params.skip_special_tokens
-        step.ends.append(
-            End(request, "stop",
-                self.tokenizer.decode(own, skip_special_tokens=skip), own))
+        text = (found.output_text if found is not None else
+                self.tokenizer.decode(own, skip_special_tokens=skip))
+        step.ends.append(End(request, reason, text, own))
 
     def _restart(self, action: Restart, step: Step) -> None:
         """Ends a member's current call, if running, and makes it anew,

@@ -150,7 +150,8 @@ class SequenceHooks:
     def members_scheduled(
             self, scheduler_output: SchedulerOutput) -> dict[str, Request]:
         """Tree members scheduled this step, read before upstream's update
-        (finished members leave `requests` there).
+        (finished members leave `requests` there); a splicing format's
+        paths among them are held across it (`Splicing.hold`).
 
         Args:
             scheduler_output: The step's scheduler output.
@@ -161,11 +162,17 @@ class SequenceHooks:
         coordinator, requests = self.coordinator, self.scheduler.requests
         if not coordinator.num_members():
             return {}
-        return {
+        members = {
             request_id: requests[request_id]
             for request_id in scheduler_output.num_scheduled_tokens
             if coordinator.is_member(request_id) and request_id in requests
         }
+        if self.splicing is not None:
+            self.splicing.hold([
+                request for request_id, request in members.items()
+                if coordinator.is_child(request_id)
+            ])
+        return members
 
     def update(
         self,
@@ -183,6 +190,8 @@ class SequenceHooks:
             members: `members_scheduled` of this step.
             engine_outputs: Upstream's outputs of this step.
         """
+        if self.splicing is not None:
+            self.splicing.settle_held(self.coordinator.root_of)
         if (members or len(self.members.sample_trees)
                 or self._sampled_a_fork(engine_outputs)):
             self._run_step(members, engine_outputs)
@@ -342,7 +351,11 @@ class SequenceHooks:
                 and self.coordinator.is_child(request_id)):
             check = record.stop.feed_new(request)
             if check is not None:
-                # As V0's stop checker: the child ends, its text cut.
+                # As V0's stop checker: the child ends, its text cut (a
+                # path that splices keeps its blocks for its join).
+                if self.splicing is not None:
+                    self.splicing.retain(request,
+                                         self.coordinator.root_of(request_id))
                 self.end_requests(request_id, RequestStatus.FINISHED_STOPPED)
                 step.ends.append(End(request, "stop", check.output_text))
                 return

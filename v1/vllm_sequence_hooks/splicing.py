@@ -11,7 +11,9 @@ trained with per-path positions, `sequence_hooks.splice_join`).
   a member's block hashes are salted with a value of its own (its
   request's `_block_hasher` wrapped, upstream's hashes kept before).
 - A path that ends keeps its blocks (one reference of ours) until its
-  join takes them, or its tree ends.
+  join takes them, or its tree ends. So that upstream's own finish of a
+  path (an EOS, a stop id, its length) frees none of them, each step's
+  paths are held (`hold`) across upstream's update (`settle_held`).
 - The join: the parked member's blocks become its first path's (which
   hold its context, the goal's closing tag and that path), the later
   paths' tokens are copied token by token after them into fresh blocks,
@@ -159,6 +161,8 @@ class Splicing:
     _copies: dict[str, _Copies] = field(default_factory=dict)
     # Per step in flight carrying copies, the blocks freed once it ran.
     _in_flight: dict[int, list[Any]] = field(default_factory=dict)
+    # Paths held across upstream's update, with their blocks.
+    _held: dict[str, tuple[Request, list[Any]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         manager = self.scheduler.kv_cache_manager
@@ -197,8 +201,44 @@ class Splicing:
         manager = self.scheduler.kv_cache_manager
         (blocks, ) = manager.get_blocks(path.request_id).blocks
         manager.block_pool.touch(blocks)
+        self._keep(path, root_id, list(blocks))
+
+    def hold(self, paths: list[Request]) -> None:
+        """Before upstream's update of a step: one reference of ours on
+        each of its paths' blocks, so that a path upstream finishes keeps
+        them (`settle_held`).
+
+        Args:
+            paths: The step's running paths.
+        """
+        manager = self.scheduler.kv_cache_manager
+        for path in paths:
+            (blocks, ) = manager.get_blocks(path.request_id).blocks
+            manager.block_pool.touch(blocks)
+            self._held[path.request_id] = (path, list(blocks))
+
+    def settle_held(self, root_of: Callable[[str], Any]) -> None:
+        """After upstream's update: a held path that upstream finished
+        keeps its blocks for its join (`retain`'s reference); the others'
+        holds are dropped.
+
+        Args:
+            root_of: A member's tree's root id.
+        """
+        pool = self.scheduler.kv_cache_manager.block_pool
+        held, self._held = self._held, {}
+        for path_id, (path, blocks) in held.items():
+            root_id = root_of(path_id)
+            if path.is_finished() and root_id is not None:
+                self._keep(path, root_id, blocks)
+            else:
+                pool.free_blocks(reversed(blocks))
+
+    def _keep(self, path: Request, root_id: str, blocks: list[Any]) -> None:
+        """Keeps a path's blocks (one reference of ours each), its
+        computed tokens and its map until its join or its tree's end."""
         self._retained[path.request_id] = _Retained(
-            root_id, list(blocks),
+            root_id, blocks,
             list(path.all_token_ids[:path.num_computed_tokens]),
             self.maps.get(path.request_id, ROOT_MAP))
 
