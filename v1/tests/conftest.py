@@ -72,9 +72,9 @@ def all_shared_servers(request, tiny_model_path, tmp_path_factory):
       test_v1_shutdown.py);
     - "data parallel": the hooked server with two engine cores
       (test_v1_data_parallel.py; taken by test_v1_engine_death.py);
-    - "threadweaver toy", "apr toy": each format's toy with the format
-      in-engine (`start_format_server`: test_formats_*_in_engine.py,
-      test_formats_fuzz_served.py).
+    - "threadweaver toy", "apr toy", "npr toy", "multiverse toy": each
+      format's toy with the format in-engine (`start_format_server`:
+      test_formats_*_in_engine.py, test_formats_fuzz_served.py).
     """
     from sequence_hooks_testkit import v1_data_parallel as dp
     from sequence_hooks_testkit.formats.toy_server import start_format_server
@@ -109,4 +109,6 @@ def all_shared_servers(request, tiny_model_path, tmp_path_factory):
             "data parallel": data_parallel,
             "threadweaver toy": format_server("threadweaver"),
             "apr toy": format_server("apr"),
+            "npr toy": format_server("npr"),
+            "multiverse toy": format_server("multiverse"),
         }, lambda server: stop_server(server.process))

@@ -3,12 +3,16 @@
 """Fuzzed format inputs through a served engine: each format's toy model
 behind `vllm serve --special-kwargs '{"format": ...}'` (the suite's
 shared server of the format, which the in-engine tests' API cases use
-too), sent a batch of odd requests at once: prompts with the format's
+too; NPR's and Multiverse's with KV blocks of 32 tokens, so that paths
+start inside blocks), sent a batch of odd requests at once: prompts
+with the format's
 tags inside them, tags cut short, non-ASCII text, values of another
 type where the format has a list, prompts that push the toy off its
-format, and outputs forced odd where the server allows it (`logit_bias`
-toward a tag, an EOS or a BOS; budgets of one and a few tokens; stop
-strings; seeded samples).
+format, more labels than a splice format forks, repeated, unknown and
+huge labels, and outputs forced odd where the server allows it
+(`logit_bias` toward a tag, an EOS or a BOS; budgets of one and a few
+tokens, budgets ending in a block's paths and at its join; stop strings
+and stop ids; seeded samples).
 
 What a user of such a server must be able to count on, whatever the
 model writes:
@@ -26,6 +30,21 @@ model writes:
   search made it before (where the reference would repeat it forever).
   A request's own stop strings are a documented difference
   (docs/formats.md): those answers are not compared;
+- an NPR or Multiverse answer (stop strings included) carries its tree:
+  the root's tokens are the answer's; each block forked at its goal's
+  closing tag one path a label its goal lists (1 to 5), nested only in
+  Multiverse; after the goal the answer holds the newline, each path's
+  header and tokens and the closing text, or ends there (its budget, a
+  path that did not close). The first goal closing tag that forked
+  nothing, where the layout reads it, lists there no label or more than
+  5 (or its paths would not fit the window). A greedy,
+  unbiased answer is the layout's (the reference of
+  test_formats_splice_in_engine.py): every token the model sampled,
+  root and paths, is the argmax of one forward of the toy over the
+  answer's final sequence with the layout's 4-D mask and positions
+  (`layout_check.greedy_mismatches`), the whole answer but where an ask
+  says why the layout stops describing it (the toy writing a path's
+  tag out of any block, past which the engine and the layout part);
 - after the batch, nothing held: no request running or waiting, no KV
   block used, no child running, no parent parked (`assert_idle`, which
   fails on a metric missing from /metrics); then the server answers a
@@ -44,17 +63,24 @@ from typing import Any, Optional
 
 import pytest
 import requests
-from transformers import AutoTokenizer
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from sequence_hooks_references.formats import apr_trace
 from sequence_hooks_references.formats import threadweaver_controller as tw
 from sequence_hooks_references.formats.backends import ScriptedBackend
+from sequence_hooks_references.layout_check import greedy_mismatches
+from sequence_hooks_references.parallel_layout import FORMATS as LAYOUTS
+from sequence_hooks_references.parallel_layout import (LayoutTags, forced_mask,
+                                                       parallel_layout,
+                                                       parse_layout)
 from sequence_hooks_testkit.formats.toy_server import (FORMAT_TOYS, choices,
                                                        held_out_prompts)
 from sequence_hooks_testkit.v1_server import assert_idle
 
 # The shared servers its tests use (conftest's `shared_servers`).
-pytestmark = pytest.mark.shares("threadweaver toy", "apr toy")
+pytestmark = pytest.mark.shares("threadweaver toy", "apr toy", "npr toy",
+                                "multiverse toy")
 
 REQUEST_TIMEOUT_S = 300
 IDLE_TIMEOUT_S = 120
@@ -62,17 +88,23 @@ IN_FLIGHT = 8
 # The toys' folders and context windows (APR's searches are longer).
 TW_TOY, TW_WINDOW, _ = FORMAT_TOYS["threadweaver"]
 APR_TOY, APR_WINDOW, _ = FORMAT_TOYS["apr"]
+NPR_TOY, NPR_WINDOW, _ = FORMAT_TOYS["npr"]
+MULTIVERSE_TOY, MULTIVERSE_WINDOW, _ = FORMAT_TOYS["multiverse"]
 
 
 @dataclass(frozen=True)
 class Ask:
     """One request: its name, its prompt, what it sets beside the plain
-    greedy request, and what a refusal's reason says (None: answered)."""
+    greedy request, what a refusal's reason says (None: answered) and,
+    for a splice format, why its reference reads only part of it."""
 
     name: str
     prompt: Any
     change: dict = field(default_factory=dict)
     refused: Optional[str] = None
+    # A splice format's greedy ask: why the layout reads only part of its
+    # answer (None: it reads it whole).
+    partly: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +118,9 @@ class Served:
     tokenizer: Any
     # Its output (an error out of the engine core shows there).
     log: Path
+    # The splice formats' reference: the toy's checkpoint in transformers
+    # (None for the other formats).
+    reference: Any = None
 
     def body(self, ask: Ask) -> dict:
         """The request ``ask`` makes: greedy, a budget of 400 unless it
@@ -175,6 +210,9 @@ def tw_asks(tokenizer) -> list[Ask]:
             "n": 2
         }),
         Ask("stop strings", plain, {"stop": ["\n\n", ":"]}),
+        Ask("stop ids of its own", many, {
+            "stop_token_ids": tokenizer.encode(":*", add_special_tokens=False)
+        }),
         *refused_asks(tokenizer, plain),
     ]
 
@@ -247,21 +285,266 @@ def apr_asks(tokenizer) -> list[Ask]:
     ]
 
 
+def bias(tokenizer, **by_token: float) -> dict:
+    """A `logit_bias` by token (``eos``: the EOS)."""
+    ids = {
+        token:
+        tokenizer.eos_token_id
+        if token == "eos" else tokenizer.convert_tokens_to_ids(token)
+        for token in by_token
+    }
+    return {
+        "logit_bias": {
+            str(ids[token]): value
+            for token, value in by_token.items()
+        }
+    }
+
+
+def open_goal(opening: str, entry: str, entry_close: str,
+              entries: list[tuple[str, str]]) -> str:
+    """A block's goal left open: ``opening``, then an entry
+    ``{label}: {word}`` a line."""
+    return opening + "".join(f"{entry}{label}: {word}{entry_close}\n"
+                             for label, word in entries)
+
+
+# A block the toys' tasks write, as text inside a prompt.
+NPR_BLOCK = (
+    "<guideline>\n<plan>1: ox</plan>\n</guideline>\n<step>\n1: ox = o "
+    "x so x\n</step>\n<takeaway>\n1: x\n</takeaway>\nanswer x\n")
+MULTIVERSE_BLOCK = ("<Parallel>\n<Goal>\n<Outline>1: ox</Outline>\n</Goal>\n"
+                    "<Path>\n1: ox = o x so x\n</Path>\n<Conclusion>\n1: x\n"
+                    "</Conclusion>\n</Parallel>\nanswer x\n")
+# Six of the toys' words, labelled 1 to 6.
+SIX = [
+    (str(i), word)
+    for i, word in enumerate(("cat", "lamp", "star", "sky", "dog", "owl"), 1)
+]
+HUGE = "9" * 30
+# Why the layout reads only part of an answer (`assert_splice_as_the_layout`).
+OFF_FORMAT = ("the toy leaves its format: a path's tag out of any block it "
+              "opened")
+
+
+def npr_asks(tokenizer) -> list[Ask]:
+    """NPR's odd requests, from the toy's first held-out prompt
+    (``"cat lamp star sky\\n"``: a guideline of four plans, closed at the
+    answer's 31st token, whose steps' join is 91 tokens long)."""
+    plain = held_out_prompts(NPR_TOY, 1)[0]
+
+    def guideline(words: str, entries: list[tuple[str, str]]) -> str:
+        return words + "\n" + open_goal("<guideline>\n", "<plan>", "</plan>",
+                                        entries)
+
+    return [
+        Ask("plain", plain),
+        Ask("a block inside the prompt", NPR_BLOCK + plain, partly=OFF_FORMAT),
+        Ask("a guideline open at the prompt's end",
+            guideline("cat dog", SIX[:1])),
+        Ask("the prompt ends in a step",
+            guideline("cat dog", SIX[:1]) + "</guideline>\n<step>\n1:",
+            partly="the engine computed the prompt's step as plain text: "
+            "its </step> closes no path"),
+        Ask("closers out of place",
+            "</step></guideline></takeaway></plan><step>" + plain),
+        Ask("tags cut short", "<guideline\n<plan 1: cat</pla\n" + plain),
+        Ask("a plan cut short at the prompt's end",
+            "cat dog\n<guideline>\n<plan>1"),
+        Ask("non-ASCII", "é 中文 🙂 " + plain),
+        Ask("a repeated label",
+            guideline("cat dog", [("1", "cat"), ("1", "dog")])),
+        Ask(
+            "unknown labels",
+            guideline("cat dog ox", [("0", "cat"), ("2.7.1", "dog"),
+                                     ("x", "ox")])),
+        Ask("a huge number label",
+            guideline("cat dog", [(HUGE, "cat")]),
+            partly=OFF_FORMAT),
+        Ask(
+            "five plans, </guideline> and </step> forced",
+            guideline("cat lamp star sky dog", SIX[:5]), {
+                "max_tokens": 150,
+                **bias(tokenizer, **{
+                    "</guideline>": 100,
+                    "</step>": 95
+                })
+            }),
+        Ask("six plans, </guideline> forced: no fork",
+            guideline("cat lamp star sky dog owl", SIX), {
+                "max_tokens": 30,
+                **bias(tokenizer, **{"</guideline>": 100})
+            }),
+        Ask("</guideline> forced", plain,
+            bias(tokenizer, **{"</guideline>": 100})),
+        Ask("</guideline> pushed", plain,
+            bias(tokenizer, **{"</guideline>": 10})),
+        Ask("</step> pushed", plain, bias(tokenizer, **{"</step>": 10})),
+        Ask(
+            "</guideline> and </step> forced", guideline("cat dog", SIX[:2]), {
+                "max_tokens": 80,
+                **bias(tokenizer, **{
+                    "</guideline>": 100,
+                    "</step>": 100
+                })
+            }),
+        Ask("EOS forced", plain, bias(tokenizer, eos=100)),
+        Ask("EOS pushed", guideline("cat dog", SIX[:2]), bias(tokenizer,
+                                                              eos=10)),
+        Ask("a budget of one", plain, {"max_tokens": 1}),
+        Ask("a budget of three, </guideline> forced", plain, {
+            "max_tokens": 3,
+            **bias(tokenizer, **{"</guideline>": 100})
+        }),
+        Ask("a budget ending in the steps", plain, {"max_tokens": 40}),
+        Ask("a budget ending with the join", plain, {"max_tokens": 122}),
+        Ask("a budget one past the join", plain, {"max_tokens": 123}),
+        Ask("seeded samples", plain, {
+            "temperature": 1.0,
+            "seed": 7,
+            "n": 2
+        }),
+        Ask("a stop string in the steps", plain, {"stop": ["so"]}),
+        Ask("a stop string at a step's end", plain, {"stop": ["\n\n"]}),
+        Ask("a stop string in a join", plain, {"stop": ["so", "\n\n"]}),
+        Ask(
+            "stop ids", plain, {
+                "stop_token_ids":
+                tokenizer.convert_tokens_to_ids(["</step>", "</takeaway>"])
+            }),
+        *refused_asks(tokenizer, plain),
+    ]
+
+
+def multiverse_asks(tokenizer) -> list[Ask]:
+    """Multiverse's odd requests, from its toy's fourth held-out prompt
+    (``"bird+sun fish\\n"``: a block of two paths, closed at the answer's
+    21st token, the first path nesting a block of its own; the outer
+    join is 135 tokens long)."""
+    plain = held_out_prompts(MULTIVERSE_TOY, 4)[3]
+
+    def outlines(words: str, entries: list[tuple[str, str]]) -> str:
+        return words + "\n" + open_goal("<Parallel>\n<Goal>\n", "<Outline>",
+                                        "</Outline>", entries)
+
+    return [
+        Ask("plain", plain),
+        Ask("a block inside the prompt",
+            MULTIVERSE_BLOCK + plain,
+            partly=OFF_FORMAT),
+        Ask("a goal open at the prompt's end",
+            outlines("bird+sun fish", [("1", "bird+sun")])),
+        Ask("a nested goal open at the prompt's end",
+            outlines("bird+sun fish", [("1", "bird+sun"), ("2", "fish")]) +
+            "</Goal>\n<Path>\n1: bird+sun\n" +
+            open_goal("<Parallel>\n<Goal>\n", "<Outline>", "</Outline>",
+                      [("1.1", "bird")]),
+            partly="the engine computed the prompt's outer path as plain "
+            "text: its </Path> closes no path"),
+        Ask("the prompt ends in a path",
+            outlines("cat dog", SIX[:2]) + "</Goal>\n<Path>\n1:",
+            partly="the engine computed the prompt's path as plain text: "
+            "its </Path> closes no path"),
+        Ask("a goal with no <Parallel>",
+            "cat dog\n<Goal>\n<Outline>1: cat</Outline>\n",
+            partly="its goal opens no block: the engine forks at its </Goal> "
+            "(the labels after the last <Goal>), the layout reads none"),
+        Ask("closers out of place",
+            "</Path></Goal></Conclusion></Parallel><Path>" + plain,
+            partly=OFF_FORMAT),
+        Ask("tags cut short",
+            "<Paral\n<Goal\n<Outline 1: x</Outl\n" + plain,
+            partly=OFF_FORMAT),
+        Ask("an outline cut short at the prompt's end",
+            "cat dog\n<Parallel>\n<Goal>\n<Outline>1"),
+        Ask("non-ASCII", "é 中文 🙂 " + plain),
+        Ask("a repeated label",
+            outlines("cat dog", [("1", "cat"), ("1", "dog")])),
+        Ask(
+            "unknown labels",
+            outlines("cat dog ox", [("0", "cat"), ("2.7.1", "dog"),
+                                    ("x", "ox")])),
+        Ask("a huge number label",
+            outlines("cat dog", [(HUGE, "cat")]),
+            partly=OFF_FORMAT),
+        Ask(
+            "five outlines, </Goal> and </Path> forced",
+            outlines("cat lamp star sky dog", SIX[:5]), {
+                "max_tokens": 150,
+                **bias(tokenizer, **{
+                    "</Goal>": 100,
+                    "</Path>": 100
+                })
+            }),
+        Ask("six outlines, </Goal> forced: no fork",
+            outlines("cat lamp star sky dog owl", SIX), {
+                "max_tokens": 30,
+                **bias(tokenizer, **{"</Goal>": 100})
+            }),
+        Ask("</Goal> forced", plain, bias(tokenizer, **{"</Goal>": 100})),
+        Ask("</Goal> pushed", plain, bias(tokenizer, **{"</Goal>": 10})),
+        Ask("</Path> pushed", plain, bias(tokenizer, **{"</Path>": 10})),
+        Ask("</Path> pushed after an open goal", outlines("cat dog", SIX[:2]),
+            {
+                "max_tokens": 80,
+                **bias(tokenizer, **{"</Path>": 15})
+            }),
+        Ask("EOS forced", plain, bias(tokenizer, eos=100)),
+        Ask("EOS pushed", outlines("cat dog", SIX[:2]), bias(tokenizer,
+                                                             eos=10)),
+        Ask("a budget of one", plain, {"max_tokens": 1}),
+        Ask("a budget of three, </Goal> forced", plain, {
+            "max_tokens": 3,
+            **bias(tokenizer, **{"</Goal>": 100})
+        }),
+        Ask("a budget ending in a nested header", plain, {"max_tokens": 60}),
+        Ask("a budget ending in a nested path", plain, {"max_tokens": 66}),
+        Ask("a budget ending with the join", plain, {"max_tokens": 156}),
+        Ask("a budget one past the join", plain, {"max_tokens": 157}),
+        Ask("seeded samples", plain, {
+            "temperature": 1.0,
+            "seed": 7,
+            "n": 2
+        }),
+        Ask("a stop string in the paths", plain, {"stop": ["so"]}),
+        Ask("a stop string at a nested path's end", plain,
+            {"stop": ["d\n\n"]}),
+        Ask("a stop string in a join", plain, {"stop": ["so", "h\n\n"]}),
+        Ask(
+            "stop ids", plain, {
+                "stop_token_ids":
+                tokenizer.convert_tokens_to_ids(["</Path>", "</Conclusion>"])
+            }),
+        *refused_asks(tokenizer, plain),
+    ]
+
+
 FORMATS = {
     "threadweaver": (TW_TOY, TW_WINDOW, tw_asks),
     "apr": (APR_TOY, APR_WINDOW, apr_asks),
+    "npr": (NPR_TOY, NPR_WINDOW, npr_asks),
+    "multiverse": (MULTIVERSE_TOY, MULTIVERSE_WINDOW, multiverse_asks),
 }
+# The formats whose join splices the paths' KV: their reference is the
+# layout's (test_formats_splice_in_engine.py).
+SPLICE = ("npr", "multiverse")
 
 
 @pytest.fixture(scope="module", params=list(FORMATS))
 def served(request, shared_servers) -> Served:
     """The suite's shared server of the format's toy
-    (`toy_server.start_format_server`, with `CHILD_LIMITS`)."""
+    (`toy_server.start_format_server`, with `CHILD_LIMITS`); a splice
+    format's with the toy's checkpoint as its reference."""
     name = request.param
     model, window, _ = FORMATS[name]
+    reference = None
+    if name in SPLICE:
+        reference = AutoModelForCausalLM.from_pretrained(
+            model, dtype=torch.float32, attn_implementation="eager")
     server = shared_servers.get(f"{name} toy")
     served = Served(name, server.url, model, window,
-                    AutoTokenizer.from_pretrained(model), server.log)
+                    AutoTokenizer.from_pretrained(model), server.log,
+                    reference)
     # The gauges show on /metrics once set: a first search sets them
     # (`assert_idle` fails on a metric that is not there).
     assert_forks(served)
@@ -331,11 +614,15 @@ def assert_threadweaver_as_the_controller(served: Served, ask: Ask,
         follow(prompt + answer[:child["fork_position"]] + header,
                child["token_ids"])
     pad = tokenizer.convert_tokens_to_ids(UNSAMPLED_PAD)
+    body = served.body(ask)
     [[rollout]] = tw.run(
-        tw.ThreadWeaverController(
-            tokenizer, response_length=served.body(ask)["max_tokens"]),
+        tw.ThreadWeaverController(tokenizer,
+                                  response_length=body["max_tokens"]),
         ScriptedBackend(lambda context: sampled.get(tuple(context), pad),
-                        tokenizer.eos_token_id, served.window), [prompt])
+                        tokenizer.eos_token_id, served.window), [prompt], {
+                            "temperature": 0.0,
+                            "stop_token_ids": body.get("stop_token_ids", [])
+                        })
     # A join past the window is cut there (the controller appends it
     # all: a documented difference).
     assert rollout.token_ids[:served.window - len(prompt)] == answer, ask.name
@@ -396,6 +683,196 @@ def assert_apr_as_the_reference(served: Served, ask: Ask, choice: dict,
         assert trace.startswith(join), (ask.name, join, trace)
 
 
+def paths_by_fork(node: dict) -> dict[int, list[dict]]:
+    """A tree node's blocks: its paths by their fork position, in
+    order."""
+    blocks: dict[int, list[dict]] = {}
+    for child in node["children"]:
+        blocks.setdefault(child["fork_position"], []).append(child)
+    return blocks
+
+
+def encode(served: Served, text: str) -> list[int]:
+    """``text``'s ids in the served toy's tokenizer, none added."""
+    return served.tokenizer.encode(text, add_special_tokens=False)
+
+
+def assert_splice_tree_well_formed(served: Served, ask: Ask, choice: dict,
+                                   tree: Optional[dict]) -> None:
+    """The answer's tree as the format builds it, whatever was sampled:
+    the root's tokens are the answer's; every node ended by "stop" or
+    "length"; every block forked at its goal's closing tag, one path a
+    label its goal lists (the format's regex over the node's context:
+    prompt, parents and own tokens), in order, 1 to 5 of them, nested
+    only where the format nests; and a node's tokens after a goal hold
+    the newline, then each path's header and tokens, then the closing
+    text if every path closed, or end the answer there (at its budget,
+    or after the first path that did not close)."""
+    if tree is None:
+        return
+    fmt = LAYOUTS[served.name]
+    tags = fmt.tags(served.tokenizer)
+    after = encode(served, fmt.after_text())
+
+    def walk(node: dict, before: list[int]) -> None:
+        own = node["token_ids"]
+        assert node["finish_reason"] in ("stop", "length"), ask.name
+        blocks = paths_by_fork(node)
+        assert fmt.nests or node["depth"] == 0 or not blocks, ask.name
+        for fork, paths in blocks.items():
+            assert own[fork - 1] == tags.goal_close, ask.name
+            labels = fmt.labels(served.tokenizer.decode(before + own[:fork]))
+            assert [path["label"] for path in paths] == labels, ask.name
+            assert 1 <= len(labels) <= fmt.max_paths, ask.name
+            joined = [tags.newline]
+            for path in paths:
+                assert path["depth"] == node["depth"] + 1, ask.name
+                header = encode(served, fmt.header(path["label"]))
+                walk(path, before + own[:fork] + [tags.newline] + header)
+                joined += header + path["token_ids"]
+                if path["token_ids"][-2:] != [tags.path_close, tags.newline]:
+                    break
+            else:
+                joined += after
+            shown = own[fork:fork + len(joined)]
+            assert shown == joined[:len(shown)], ask.name
+            assert (len(shown) == len(joined)
+                    or fork + len(shown) == len(own)), ask.name
+
+    # A stop string the join's tokens complete cuts the answer: its tree
+    # must be cut there too.
+    assert tree["token_ids"] == choice["token_ids"], (
+        ask.name, "the tree's root is not the answer",
+        served.tokenizer.decode(tree["token_ids"]))
+    walk(tree, choice["prompt_token_ids"])
+
+
+def forked_goals(served: Served, tree: Optional[dict],
+                 prompt_len: int) -> set[int]:
+    """The indexes, in the answer's final sequence (prompt first), of the
+    goal closing tags that forked."""
+    fmt = LAYOUTS[served.name]
+    found: set[int] = set()
+
+    def place(node: dict, offset: int) -> None:
+        for fork, paths in paths_by_fork(node).items():
+            found.add(offset + fork - 1)
+            cursor = offset + fork + 1
+            for path in paths:
+                header = encode(served, fmt.header(path["label"]))
+                place(path, cursor + len(header))
+                cursor += len(header) + len(path["token_ids"])
+
+    if tree is not None:
+        place(tree, prompt_len)
+    return found
+
+
+def layout_start(prompt: list[int], tags: LayoutTags) -> int:
+    """Where the layout reads a prompt from: its end (the engine computes
+    a prompt as plain text, whatever tags it holds), or the last block it
+    opens if that block's goal is still open at its end (the engine reads
+    that goal's labels)."""
+    opens = [i for i, token in enumerate(prompt) if token == tags.block_open]
+    if opens:
+        try:
+            layout = parse_layout(prompt, tags, opens[-1], allow_open=True)
+        except ValueError:
+            return len(prompt)
+        if layout.blocks[-1].state == "goal":
+            return opens[-1]
+    return len(prompt)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How far the layout describes an answer: where it reads the prompt
+    from (`layout_start`), where the prefix it reads ends (prompt
+    included), and which tokens of it the engine forced."""
+
+    start: int
+    end: int
+    forced: list[bool]
+
+
+def assert_splice_forks_as_the_layout(served: Served, ask: Ask, choice: dict,
+                                      tree: Optional[dict]) -> Reach:
+    """The layout's reach in the answer (prompt first): up to the first
+    token it cannot read (a path's tag out of any block, a block in an
+    NPR path), or to the first goal closing tag that forked nothing,
+    included, where the layout's rule forks nothing either (its goal, as
+    the token sees it, lists no label or more than 5, or the paths would
+    not fit the window). Past that tag the engine decodes on in plain
+    positions, where the layout would place a block the model writes on
+    itself. A cut answer's open block is read open."""
+    fmt = LAYOUTS[served.name]
+    tags = fmt.tags(served.tokenizer)
+    prompt = choice["prompt_token_ids"]
+    ids = prompt + choice["token_ids"]
+    start = layout_start(prompt, tags)
+    forked = forked_goals(served, tree, len(prompt))
+    unforked = [
+        i for i in range(len(prompt), len(ids))
+        if ids[i] == tags.goal_close and i not in forked
+    ]
+    end = unforked[0] + 1 if unforked else len(ids)
+    while True:
+        try:
+            forced = forced_mask(ids[:end], len(prompt), tags, start)
+            break
+        except ValueError:
+            end -= 1
+    if unforked and end == unforked[0] + 1:
+        layout = parse_layout(ids[:end], tags, start, allow_open=True)
+        unseen = {
+            k
+            for later, earlier in layout.hidden_pairs() if end - 1 in later
+            for k in earlier
+        }
+        context = [ids[k] for k in range(end) if k not in unseen]
+        labels = fmt.labels(served.tokenizer.decode(context))
+        fits = all(
+            len(context) + 1 +
+            len(encode(served, fmt.header(label))) < served.window
+            for label in labels)
+        assert not (1 <= len(labels) <= fmt.max_paths and fits), (ask.name,
+                                                                  "no fork",
+                                                                  labels)
+    return Reach(start, end, forced)
+
+
+def assert_splice_as_the_layout(served: Served, ask: Ask, choice: dict,
+                                reach: Reach) -> None:
+    """Every token the model sampled, root and paths, up to the layout's
+    reach, is the argmax of one forward of the toy over the answer's
+    final sequence under the layout (`greedy_mismatches`, as
+    test_formats_splice_in_engine.py checks the held-out answers); the
+    whole answer (but a header its budget cut short, which the engine
+    forced) unless the ask says why not."""
+    tags = LAYOUTS[served.name].tags(served.tokenizer)
+    prompt = choice["prompt_token_ids"]
+    ids = prompt + choice["token_ids"]
+    # Whole: up to a path's header the budget cut short (forced tokens).
+    rest = ids[reach.end:]
+    assert ask.partly is not None or not rest or (
+        rest[0] == tags.path_open and tags.header_end not in rest), (ask.name,
+                                                                     reach.end)
+
+    def layout(token_ids, layout_tags, allow_open=False, dtype=None):
+        return parallel_layout(token_ids,
+                               layout_tags,
+                               reach.start,
+                               allow_open=True,
+                               dtype=dtype)
+
+    assert greedy_mismatches(served.reference,
+                             ids[:reach.end],
+                             len(prompt),
+                             tags,
+                             reach.forced,
+                             layout=layout) == [], ask.name
+
+
 def test_odd_requests_are_answered_as_the_reference_and_leave_nothing(served):
     asks = FORMATS[served.name][2](served.tokenizer)
     with ThreadPoolExecutor(IN_FLIGHT) as pool:
@@ -412,9 +889,15 @@ def test_odd_requests_are_answered_as_the_reference_and_leave_nothing(served):
             continue
         for choice, tree in zip(answer["choices"], trees(answer)):
             assert choice["finish_reason"] in ("stop", "length"), ask.name
-            if "stop" in ask.change:
+            if "stop" in ask.change and served.name not in SPLICE:
                 continue
-            if served.name == "threadweaver":
+            if served.name in SPLICE:
+                assert_splice_tree_well_formed(served, ask, choice, tree)
+                reach = assert_splice_forks_as_the_layout(
+                    served, ask, choice, tree)
+                if not {"logit_bias", "temperature"} & ask.change.keys():
+                    assert_splice_as_the_layout(served, ask, choice, reach)
+            elif served.name == "threadweaver":
                 assert_threadweaver_as_the_controller(served, ask, choice,
                                                       tree)
             else:

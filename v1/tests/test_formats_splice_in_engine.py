@@ -37,21 +37,24 @@ from sequence_hooks_references.layout_check import (decode_sequential,
                                                     greedy_mismatches,
                                                     layout_logits)
 from sequence_hooks_references.parallel_layout import FORMATS, prefill_layout
-from sequence_hooks_testkit.formats.toy_server import (choices,
-                                                       held_out_prompts,
-                                                       toy_server)
+from sequence_hooks_testkit.formats.toy_server import (SPLICE_BLOCK_SIZE,
+                                                       choices,
+                                                       held_out_prompts)
 from sequence_hooks_testkit.v1_server import assert_idle
+
+# The shared servers its tests use (conftest's `shared_servers`).
+pytestmark = pytest.mark.shares("npr toy", "multiverse toy")
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = {name: ROOT / "models" / f"{name}-toy" for name in FORMATS}
-BLOCK_SIZE = 32
+# The served toys' KV block size, the offline engine's too.
+BLOCK_SIZE = SPLICE_BLOCK_SIZE
 MAX_MODEL_LEN = 512
 # Every held-out prompt of the toys (prompts.jsonl).
 NUM_PROMPTS = 24
 # Answers decoded again by the sequential reference (one forward a token:
 # the suite's slowest check).
 NUM_DECODED = 8
-CHAT_TEMPLATE = "{{ messages[0]['content'] }}"
 # How far a logprob in the tree may be from the reference forward's (the
 # same fp32 model, other batch shapes).
 LOGPROB_TOLERANCE = 1e-3
@@ -242,16 +245,14 @@ def test_a_join_computes_its_closing_tag_alone(served_format):
 
 
 @pytest.fixture(scope="module")
-def served(served_format, tmp_path_factory):
-    """`vllm serve` of the format's toy, as a user starts it."""
-    name, model, *_ = served_format
-    with toy_server(model,
-                    tmp_path_factory.mktemp("served") / "server.log",
-                    ("--special-kwargs", special_kwargs(name),
-                     "--chat-template", CHAT_TEMPLATE, "--block-size",
-                     str(BLOCK_SIZE), "--enable-prompt-tokens-details"),
-                    max_model_len=MAX_MODEL_LEN) as url:
-        yield url
+def served(served_format, shared_servers) -> str:
+    """`vllm serve` of the format's toy, as a user starts it: the suite's
+    shared one (`toy_server.start_format_server`: KV blocks of
+    `BLOCK_SIZE`, a chat template that renders the user's message as it
+    is, more children a fork than the defaults, which the toys never
+    reach)."""
+    name, *_ = served_format
+    return shared_servers.get(f"{name} toy").url
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])

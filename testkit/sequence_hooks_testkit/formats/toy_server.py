@@ -32,6 +32,20 @@ FORMAT_TOYS = {
     (MODELS / "threadweaver-toy", 512, "{{ messages[0]['content'] }}"),
     "apr":
     (MODELS / "apr-toy", 2048, "{{ bos_token }}{{ messages[0]['content'] }}"),
+    "npr": (MODELS / "npr-toy", 512, "{{ messages[0]['content'] }}"),
+    "multiverse":
+    (MODELS / "multiverse-toy", 512, "{{ messages[0]['content'] }}"),
+}
+# KV blocks of the splicing formats' servers: small, so that paths start
+# inside blocks (a join then copies tokens).
+SPLICE_BLOCK_SIZE = 32
+# More of each format's server flags: the splicing formats' block size,
+# and the prompt's cached tokens in its usage (a spliced answer's blocks
+# must never be another prompt's hit).
+SERVE_FLAGS = {
+    name:
+    ("--block-size", str(SPLICE_BLOCK_SIZE), "--enable-prompt-tokens-details")
+    for name in ("npr", "multiverse")
 }
 # More children a fork than the defaults, so that a prompt with many
 # labels forks each one, as the controllers do. The toys' own prompts
@@ -92,7 +106,8 @@ def start_toy_server(model: Path,
 def start_format_server(name: str, log: Path) -> Started:
     """`vllm serve` of format ``name``'s toy with the format in-engine, as
     a user starts it (`--special-kwargs '{"format": ...}'`), with
-    `CHILD_LIMITS` and the chat template of `FORMAT_TOYS`.
+    `CHILD_LIMITS`, the chat template of `FORMAT_TOYS` and the format's
+    `SERVE_FLAGS`.
 
     Args:
         name: The format, a key of `FORMAT_TOYS`.
@@ -107,7 +122,7 @@ def start_format_server(name: str, log: Path) -> Started:
         log, ("--special-kwargs", json.dumps({
             "format": name,
             **CHILD_LIMITS
-        }), "--chat-template", chat_template),
+        }), "--chat-template", chat_template, *SERVE_FLAGS.get(name, ())),
         max_model_len=window)
 
 
