@@ -170,8 +170,8 @@ def test_two_engines_serve_npr_as_one_engine_does(served_format,
     # The single-engine module's checks against the reference forward,
     # on the served answers.
     served = (name, model, tokenizer, reference, prompt_ids, answers)
-    splice.test_every_sampled_token_is_the_layouts_argmax(served)
-    splice.test_the_tree_carries_each_paths_tokens_and_logprobs(served)
+    splice.assert_the_layouts_argmax(served)
+    splice.assert_trees_carry_the_layouts_logprobs(served)
     # Nothing held in any engine core; every path counted as spawned.
     assert held == nothing_held(ENGINES)
     assert spawned == sum(

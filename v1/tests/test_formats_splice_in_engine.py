@@ -115,6 +115,16 @@ def test_most_answers_fork(served_format):
 
 
 def test_every_sampled_token_is_the_layouts_argmax(served_format):
+    assert_the_layouts_argmax(served_format)
+
+
+def assert_the_layouts_argmax(served_format) -> None:
+    """Every token an answer sampled, root and paths, is the argmax of
+    the reference forward over its final sequence with the layout.
+
+    Args:
+        served_format: A format's answers as `served_format` holds them.
+    """
     name, _, tokenizer, reference, prompt_ids, answers = served_format
     tags = FORMATS[name].tags(tokenizer)
     for prompt, answer in zip(prompt_ids, answers, strict=True):
@@ -181,11 +191,19 @@ def placed_nodes(node: dict, offset: int, ids: list[int], tokenizer,
 
 
 def test_the_tree_carries_each_paths_tokens_and_logprobs(served_format):
+    assert_trees_carry_the_layouts_logprobs(served_format)
+
+
+def assert_trees_carry_the_layouts_logprobs(served_format) -> None:
     """Every node of the tree, nested paths too, holds its own tokens (a
     path's header is its context, its forced newline its last token) with
     the reference forward's logprob for each token it sampled, and none
     for each token merged into it (a newline, a join's spliced paths and
-    closing tag), as `merged_spans` says."""
+    closing tag), as `merged_spans` says.
+
+    Args:
+        served_format: A format's answers as `served_format` holds them.
+    """
     name, _, tokenizer, reference, prompt_ids, answers = served_format
     fmt = FORMATS[name]
     tags = fmt.tags(tokenizer)
