@@ -141,6 +141,11 @@ class ActionCarrier:
             record.logprobs.merged(len(token_ids))
         self.parking.resume(request, token_ids, record.evicted)
         record.evicted = False
+        if self.splicing is not None and self.coordinator.is_child(member_id):
+            # A path's resume is its closing newline (`splice_join`; with
+            # the prefill join also a nested block's join, whose path a
+            # hold until its end costs nothing more).
+            self.splicing.closing(member_id)
         if token_ids and not self.coordinator.is_child(member_id):
             # The root's stream shows its merged tokens; a child's never
             # leave the engine core.

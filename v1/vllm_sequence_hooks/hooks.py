@@ -151,7 +151,7 @@ class SequenceHooks:
             self, scheduler_output: SchedulerOutput) -> dict[str, Request]:
         """Tree members scheduled this step, read before upstream's update
         (finished members leave `requests` there); a splicing format's
-        paths among them are held across it (`Splicing.hold`).
+        closing paths among them are held across it (`Splicing.hold`).
 
         Args:
             scheduler_output: The step's scheduler output.
@@ -168,10 +168,7 @@ class SequenceHooks:
             if coordinator.is_member(request_id) and request_id in requests
         }
         if self.splicing is not None:
-            self.splicing.hold([
-                request for request_id, request in members.items()
-                if coordinator.is_child(request_id)
-            ])
+            self.splicing.hold(members)
         return members
 
     def update(

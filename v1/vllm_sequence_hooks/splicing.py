@@ -12,8 +12,9 @@ trained with per-path positions, `sequence_hooks.splice_join`).
   request's `_block_hasher` wrapped, upstream's hashes kept before).
 - A path that ends keeps its blocks (one reference of ours) until its
   join takes them, or its tree ends. So that upstream's own finish of a
-  path (an EOS, a stop id, its length) frees none of them, each step's
-  paths are held (`hold`) across upstream's update (`settle_held`).
+  path at the token after its newline (an EOS, a stop id, its length)
+  frees none of them, a path given its newline (`closing`) is held
+  (`hold`) across upstream's updates (`settle_held`) until it ends.
 - The join: the parked member's blocks become its first path's (which
   hold its context, the goal's closing tag and that path), the later
   paths' tokens are copied token by token after them into fresh blocks,
@@ -161,6 +162,8 @@ class Splicing:
     _copies: dict[str, _Copies] = field(default_factory=dict)
     # Per step in flight carrying copies, the blocks freed once it ran.
     _in_flight: dict[int, list[Any]] = field(default_factory=dict)
+    # Paths given their newline, whose next token ends them.
+    _closing: set[str] = field(default_factory=set)
     # Paths held across upstream's update, with their blocks.
     _held: dict[str, tuple[Request, list[Any]]] = field(default_factory=dict)
 
@@ -203,16 +206,26 @@ class Splicing:
         manager.block_pool.touch(blocks)
         self._keep(path, root_id, list(blocks))
 
-    def hold(self, paths: list[Request]) -> None:
-        """Before upstream's update of a step: one reference of ours on
-        each of its paths' blocks, so that a path upstream finishes keeps
-        them (`settle_held`).
+    def closing(self, path_id: str) -> None:
+        """A path got tokens appended (its newline): its next token ends
+        it, whatever ends it; it is held across each update until then.
 
         Args:
-            paths: The step's running paths.
+            path_id: Its request id.
+        """
+        self._closing.add(path_id)
+
+    def hold(self, scheduled: dict[str, Request]) -> None:
+        """Before upstream's update of a step: one reference of ours on
+        each closing path's blocks, so that a path upstream finishes
+        keeps them (`settle_held`).
+
+        Args:
+            scheduled: The step's scheduled members, by request id.
         """
         manager = self.scheduler.kv_cache_manager
-        for path in paths:
+        for path_id in self._closing & scheduled.keys():
+            path = scheduled[path_id]
             (blocks, ) = manager.get_blocks(path.request_id).blocks
             manager.block_pool.touch(blocks)
             self._held[path.request_id] = (path, list(blocks))
@@ -230,6 +243,7 @@ class Splicing:
         for path_id, (path, blocks) in held.items():
             root_id = root_of(path_id)
             if path.is_finished() and root_id is not None:
+                self._closing.discard(path_id)
                 self._keep(path, root_id, blocks)
             else:
                 pool.free_blocks(reversed(blocks))
@@ -349,6 +363,7 @@ class Splicing:
         self.maps.pop(request_id, None)
         self._new_maps.pop(request_id, None)
         self._salted.pop(request_id, None)
+        self._closing.discard(request_id)
         copies = self._copies.pop(request_id, None)
         if copies is not None:
             self.scheduler.kv_cache_manager.block_pool.free_blocks(
