@@ -56,6 +56,7 @@ one, as the controllers do.
 """
 
 import re
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -327,6 +328,47 @@ OFF_FORMAT = ("the toy leaves its format: a path's tag out of any block it "
               "opened")
 
 
+def label_asks(tokenizer, goal: Callable[[str, list[tuple[str, str]]],
+                                         str], entries: str, goal_close: str,
+               path_close_bias: tuple[str, float]) -> list[Ask]:
+    """A splice format's asks of odd labels: a prompt ending in a goal
+    left open (``goal(words, [(label, word), ...])``) with a repeated
+    label, unknown labels, a huge label, five ``entries`` (its closing
+    tag and the paths' closers forced: five paths) and six (its closing
+    tag forced: no fork).
+
+    Args:
+        tokenizer: The toy's tokenizer.
+        goal: Writes the prompt.
+        entries: What the format calls a goal's entries.
+        goal_close: The goal's closing tag.
+        path_close_bias: A path's closing tag and its bias.
+    """
+    path_close, path_bias = path_close_bias
+    return [
+        Ask("a repeated label", goal("cat dog", [("1", "cat"), ("1", "dog")])),
+        Ask("unknown labels",
+            goal("cat dog ox", [("0", "cat"), ("2.7.1", "dog"), ("x", "ox")])),
+        Ask("a huge number label",
+            goal("cat dog", [(HUGE, "cat")]),
+            partly=OFF_FORMAT),
+        Ask(
+            f"five {entries}, {goal_close} and {path_close} forced",
+            goal("cat lamp star sky dog", SIX[:5]), {
+                "max_tokens": 150,
+                **bias(tokenizer, **{
+                    goal_close: 100,
+                    path_close: path_bias
+                })
+            }),
+        Ask(f"six {entries}, {goal_close} forced: no fork",
+            goal("cat lamp star sky dog owl", SIX), {
+                "max_tokens": 30,
+                **bias(tokenizer, **{goal_close: 100})
+            }),
+    ]
+
+
 def npr_asks(tokenizer) -> list[Ask]:
     """NPR's odd requests, from the toy's first held-out prompt
     (``"cat lamp star sky\\n"``: a guideline of four plans, closed at the
@@ -352,29 +394,8 @@ def npr_asks(tokenizer) -> list[Ask]:
         Ask("a plan cut short at the prompt's end",
             "cat dog\n<guideline>\n<plan>1"),
         Ask("non-ASCII", "é 中文 🙂 " + plain),
-        Ask("a repeated label",
-            guideline("cat dog", [("1", "cat"), ("1", "dog")])),
-        Ask(
-            "unknown labels",
-            guideline("cat dog ox", [("0", "cat"), ("2.7.1", "dog"),
-                                     ("x", "ox")])),
-        Ask("a huge number label",
-            guideline("cat dog", [(HUGE, "cat")]),
-            partly=OFF_FORMAT),
-        Ask(
-            "five plans, </guideline> and </step> forced",
-            guideline("cat lamp star sky dog", SIX[:5]), {
-                "max_tokens": 150,
-                **bias(tokenizer, **{
-                    "</guideline>": 100,
-                    "</step>": 95
-                })
-            }),
-        Ask("six plans, </guideline> forced: no fork",
-            guideline("cat lamp star sky dog owl", SIX), {
-                "max_tokens": 30,
-                **bias(tokenizer, **{"</guideline>": 100})
-            }),
+        *label_asks(tokenizer, guideline, "plans", "</guideline>",
+                    ("</step>", 95)),
         Ask("</guideline> forced", plain,
             bias(tokenizer, **{"</guideline>": 100})),
         Ask("</guideline> pushed", plain,
@@ -458,29 +479,8 @@ def multiverse_asks(tokenizer) -> list[Ask]:
         Ask("an outline cut short at the prompt's end",
             "cat dog\n<Parallel>\n<Goal>\n<Outline>1"),
         Ask("non-ASCII", "é 中文 🙂 " + plain),
-        Ask("a repeated label",
-            outlines("cat dog", [("1", "cat"), ("1", "dog")])),
-        Ask(
-            "unknown labels",
-            outlines("cat dog ox", [("0", "cat"), ("2.7.1", "dog"),
-                                    ("x", "ox")])),
-        Ask("a huge number label",
-            outlines("cat dog", [(HUGE, "cat")]),
-            partly=OFF_FORMAT),
-        Ask(
-            "five outlines, </Goal> and </Path> forced",
-            outlines("cat lamp star sky dog", SIX[:5]), {
-                "max_tokens": 150,
-                **bias(tokenizer, **{
-                    "</Goal>": 100,
-                    "</Path>": 100
-                })
-            }),
-        Ask("six outlines, </Goal> forced: no fork",
-            outlines("cat lamp star sky dog owl", SIX), {
-                "max_tokens": 30,
-                **bias(tokenizer, **{"</Goal>": 100})
-            }),
+        *label_asks(tokenizer, outlines, "outlines", "</Goal>",
+                    ("</Path>", 100)),
         Ask("</Goal> forced", plain, bias(tokenizer, **{"</Goal>": 100})),
         Ask("</Goal> pushed", plain, bias(tokenizer, **{"</Goal>": 10})),
         Ask("</Path> pushed", plain, bias(tokenizer, **{"</Path>": 10})),
@@ -723,7 +723,7 @@ def assert_splice_tree_well_formed(served: Served, ask: Ask, choice: dict,
             assert own[fork - 1] == tags.goal_close, ask.name
             labels = fmt.labels(served.tokenizer.decode(before + own[:fork]))
             assert [path["label"] for path in paths] == labels, ask.name
-            assert 1 <= len(labels) <= fmt.max_paths, ask.name
+            assert len(paths) <= fmt.max_paths, ask.name
             joined = [tags.newline]
             for path in paths:
                 assert path["depth"] == node["depth"] + 1, ask.name
