@@ -62,6 +62,26 @@ def start_data_parallel_server(
         start_timeout_s=START_TIMEOUT_S * tensor_parallel)
 
 
+def by_engine(text: str, name: str) -> dict[str, float]:
+    """A metric's value per engine core (its `engine` label; the samples
+    of its other labels summed), from a `/metrics` text.
+
+    Args:
+        text: The text.
+        name: The metric.
+
+    Returns:
+        Its value by engine label; empty if it has no sample.
+    """
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.split("{", 1)[0].split(" ", 1)[0] == name:
+            engine = line.split('engine="', 1)[1].split('"', 1)[0]
+            values[engine] = values.get(engine, 0.0) + float(
+                line.rsplit(" ", 1)[-1])
+    return values
+
+
 def held_by_engines(url: str) -> dict[str, Any]:
     """What the engine cores hold now, from one read of `/metrics`.
 
@@ -80,15 +100,14 @@ def held_by_engines(url: str) -> dict[str, Any]:
     """
     text = requests.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text
     engines: dict[str, dict[str, float]] = {}
+    for name, what in ENGINE_GAUGES.items():
+        for engine, value in by_engine(text, name).items():
+            engines.setdefault(engine, {})[what] = value
     hooks: dict[str, float] = {}
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        value = line.rsplit(" ", 1)[-1]
-        if name in ENGINE_GAUGES:
-            engine = line.split('engine="', 1)[1].split('"', 1)[0]
-            engines.setdefault(engine, {})[ENGINE_GAUGES[name]] = float(value)
-        elif name in HOOK_GAUGES:
-            hooks[name] = hooks.get(name, 0.0) + float(value)
+        if name in HOOK_GAUGES:
+            hooks[name] = hooks.get(name, 0.0) + float(line.rsplit(" ", 1)[-1])
     shown = {what for values in engines.values() for what in values}
     missing = [n for n, what in ENGINE_GAUGES.items() if what not in shown]
     missing += [n for n in HOOK_GAUGES if n not in hooks]

@@ -66,13 +66,9 @@ def finished_by_engine(url: str) -> dict[str, float]:
         KeyError: `FINISHED` has no sample (read as 0, it would hide an
             engine core that got nothing).
     """
-    text = requests.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text
-    counts: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(FINISHED + "{"):
-            engine = line.split('engine="', 1)[1].split('"', 1)[0]
-            counts[engine] = counts.get(engine, 0.0) + float(
-                line.rsplit(" ", 1)[1])
+    counts = dp.by_engine(
+        requests.get(url + "/metrics", timeout=REQUEST_TIMEOUT_S).text,
+        FINISHED)
     if not counts:
         raise KeyError(f"not on /metrics: {FINISHED}")
     return counts
