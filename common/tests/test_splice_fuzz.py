@@ -484,12 +484,16 @@ class SpliceEngine:
         text, closed = self.paths_text(member)
         window, budget = self.room(member)
         room = window if budget is None else min(window, budget)
-        # Cut only at the window or the budget.
-        assert list(action.token_ids) == text[:max(room, 0)]
         if closed:
-            # Closed paths end the answer only for want of room.
-            total = len(text) + len(ids(self.rules.after))
+            # Closed paths end the answer only for want of room: their
+            # text and the closing tokens, as far as they fit.
+            text = text + ids(self.rules.after)
+            total = len(text)
             assert total >= window or budget is not None and total >= budget
+        # Cut only at the window or the budget, and then a "length" end.
+        assert list(action.token_ids) == text[:max(room, 0)]
+        assert action.finish_reason == ("length"
+                                        if len(text) >= room else "stop")
         member.tokens += action.token_ids
         member.parked, member.block = False, []
         member.stopped = "stop"
