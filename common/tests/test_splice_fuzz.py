@@ -284,10 +284,12 @@ class SpliceEngine:
         own = member.tokens[member.start:]
         join_of = None
         if member_id != ROOT:
-            # The token after a path's newline is dropped.
+            # The token after a path's newline is dropped: the path
+            # closed, whatever ended it there.
             dropped = int(member.closing)
             self.ended[member_id] = Ended(
-                member.stopped, member.tokens[:len(member.tokens) - dropped],
+                "stop" if member.closing else member.stopped,
+                member.tokens[:len(member.tokens) - dropped],
                 own[:len(own) - dropped], member.computed)
             parent = self.members.get(self.parent_of[member_id])
             if (not self.aborted and parent is not None and parent.parked
